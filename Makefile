@@ -1,0 +1,42 @@
+# gpu-operator-rs — developer entry points. `make test` is what CI runs; `make demo` runs the product on
+# the local cluster. Build outputs live in fixed folders outside the clone so a warm machine rebuilds
+# only what changed (override with CARGO_TARGET_DIR / GOCACHE if you like).
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+CACHE_DIR ?= $(HOME)/.cache/gpu-operator-rs
+export CARGO_TARGET_DIR ?= $(CACHE_DIR)/target
+export CARGO_TERM_COLOR ?= never
+CARGO ?= cargo
+
+# Test targets that other make fragments add to (hack/*.mk: the local cluster and its smoke test).
+TEST_TARGETS :=
+-include hack/*.mk
+
+.PHONY: build test lint fmt generate test-rust check-generated demo help
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
+
+build: ## Build every binary and test target of the workspace
+	$(CARGO) build --workspace --all-targets --locked
+
+lint: ## rustfmt and clippy, warnings are errors
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+generate: ## Regenerate the CRD YAML from crates/api
+	$(CARGO) run -q --locked --bin crdgen > charts/gpu-operator/crds/nvidia.com_gpuclusters.yaml
+
+test-rust: ## Every Rust test in the workspace (unit, snapshot, dlopen of the mock NVML, wire tests)
+	$(CARGO) test --workspace --locked --no-fail-fast
+
+test: lint test-rust $(TEST_TARGETS) ## What CI runs: lint, then every test
+	@echo "make test: all suites passed"
+
+demo: ## Run the product on the local cluster (arrives with the end-to-end issue)
+	@echo "make demo: the local-cluster demo is not built yet; see README.md ('Status')." >&2
+	@exit 2

@@ -1,0 +1,1 @@
+//! The GPUCluster API (being written by the workspace issue).
