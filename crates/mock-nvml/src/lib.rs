@@ -1,1 +1,16 @@
-//! A `libnvidia-ml.so.1` stand-in serving GPU topologies from profile files; built by the mock-NVML issue.
+//! A `libnvidia-ml.so.1` for machines without GPUs.
+//!
+//! Built as a `cdylib` whose soname is `libnvidia-ml.so.1`, it exports the NVML C functions that
+//! `nvml-wrapper` calls for discovery, MIG and health events, and serves a topology read from a
+//! profile (see `profiles/`): a shipped name or a profile file, a GPU count, and injected faults,
+//! all set in a control file or env vars (see [`config`]). Place it in a fake driver root as
+//! `usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1` with a `mock-nvml.json` beside it and load it
+//! through `dlopen` like the real library. All state sits behind one mutex, so callers may use it
+//! from any thread.
+
+mod config;
+mod ffi;
+mod handles;
+mod profile;
+mod state;
+mod topology;

@@ -1,0 +1,190 @@
+//! What the library serves and which faults it injects: a control file, overridden by env vars.
+//!
+//! The control file is JSON, found at `$MOCK_NVML_CONFIG` or else as `mock-nvml.json` next to the
+//! loaded library (so each fake driver root can carry its own). Every field is optional:
+//! `{"profile": "h100-sxm5-80gb", "gpu_count": 2, "faults": {"init_error": "driver-not-loaded",
+//! "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}]}}`.
+//! Env overrides: `MOCK_NVML_PROFILE`, `MOCK_NVML_GPU_COUNT`, `MOCK_NVML_INIT_ERROR`,
+//! `MOCK_NVML_LOST_GPUS` (`0,2`), `MOCK_NVML_XID` (`gpu:xid,...`).
+
+use serde::Deserialize;
+
+/// Env var naming the control file.
+pub const CONFIG_ENV: &str = "MOCK_NVML_CONFIG";
+/// File name of the control file looked for next to the library.
+pub const SIDECAR_NAME: &str = "mock-nvml.json";
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// A shipped profile name or a profile file path.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// How many GPUs to serve; the profile's default when absent.
+    #[serde(default)]
+    pub gpu_count: Option<u32>,
+    /// Faults to inject.
+    #[serde(default)]
+    pub faults: Faults,
+}
+
+/// Injected faults.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// Make `nvmlInit*` fail.
+    #[serde(default)]
+    pub init_error: Option<InitFault>,
+    /// Indices of GPUs that have fallen off the bus.
+    #[serde(default)]
+    pub lost_gpus: Vec<u32>,
+    /// XID events waiting to be delivered to event sets.
+    #[serde(default)]
+    pub xid_events: Vec<XidEvent>,
+}
+
+/// How `nvmlInit*` fails.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum InitFault {
+    /// `NVML_ERROR_DRIVER_NOT_LOADED`.
+    DriverNotLoaded,
+    /// `NVML_ERROR_LIB_RM_VERSION_MISMATCH`: library and kernel module disagree.
+    VersionMismatch,
+    /// `NVML_ERROR_NO_PERMISSION`.
+    NoPermission,
+}
+
+/// One queued XID event.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct XidEvent {
+    /// Index of the GPU that raised it.
+    pub gpu: u32,
+    /// The XID number.
+    pub xid: u64,
+}
+
+impl Config {
+    /// Parses a control file.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Applies env overrides; `get` looks a variable up (the process env in production).
+    pub fn apply_env(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        if let Some(profile) = get("MOCK_NVML_PROFILE") {
+            self.profile = Some(profile);
+        }
+        if let Some(count) = get("MOCK_NVML_GPU_COUNT") {
+            let n = count
+                .trim()
+                .parse()
+                .map_err(|_| format!("MOCK_NVML_GPU_COUNT={count:?}"))?;
+            self.gpu_count = Some(n);
+        }
+        if let Some(init) = get("MOCK_NVML_INIT_ERROR") {
+            self.faults.init_error = Some(parse_init_fault(&init)?);
+        }
+        if let Some(lost) = get("MOCK_NVML_LOST_GPUS") {
+            self.faults.lost_gpus = parse_list(&lost, |s| s.parse().ok())
+                .ok_or_else(|| format!("MOCK_NVML_LOST_GPUS={lost:?}"))?;
+        }
+        if let Some(xids) = get("MOCK_NVML_XID") {
+            self.faults.xid_events = parse_list(&xids, parse_xid)
+                .ok_or_else(|| format!("MOCK_NVML_XID={xids:?}, expected gpu:xid,..."))?;
+        }
+        Ok(self)
+    }
+}
+
+fn parse_init_fault(value: &str) -> Result<InitFault, String> {
+    match value.trim() {
+        "driver-not-loaded" => Ok(InitFault::DriverNotLoaded),
+        "version-mismatch" => Ok(InitFault::VersionMismatch),
+        "no-permission" => Ok(InitFault::NoPermission),
+        other => Err(format!(
+            "MOCK_NVML_INIT_ERROR={other:?}, expected driver-not-loaded, version-mismatch or no-permission"
+        )),
+    }
+}
+
+fn parse_xid(item: &str) -> Option<XidEvent> {
+    let (gpu, xid) = item.split_once(':')?;
+    Some(XidEvent {
+        gpu: gpu.trim().parse().ok()?,
+        xid: xid.trim().parse().ok()?,
+    })
+}
+
+fn parse_list<T>(text: &str, item: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(&item)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn a_control_file_is_read_whole() {
+        let cfg = Config::parse(
+            r#"{"profile":"l4","gpu_count":3,"faults":{"init_error":"version-mismatch",
+                "lost_gpus":[2],"xid_events":[{"gpu":1,"xid":79}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.profile.as_deref(), Some("l4"));
+        assert_eq!(cfg.gpu_count, Some(3));
+        assert_eq!(cfg.faults.init_error, Some(InitFault::VersionMismatch));
+        assert_eq!(cfg.faults.lost_gpus, vec![2]);
+        assert_eq!(cfg.faults.xid_events, vec![XidEvent { gpu: 1, xid: 79 }]);
+    }
+
+    #[test]
+    fn env_overrides_the_file() {
+        let cfg = Config::parse(r#"{"profile":"l4","gpu_count":3}"#).unwrap();
+        let vars = [
+            ("MOCK_NVML_PROFILE", "t4"),
+            ("MOCK_NVML_GPU_COUNT", "2"),
+            ("MOCK_NVML_INIT_ERROR", "driver-not-loaded"),
+            ("MOCK_NVML_LOST_GPUS", "0, 1"),
+            ("MOCK_NVML_XID", "1:48,0:79"),
+        ];
+        let cfg = cfg.apply_env(env(&vars)).unwrap();
+        assert_eq!(cfg.profile.as_deref(), Some("t4"));
+        assert_eq!(cfg.gpu_count, Some(2));
+        assert_eq!(cfg.faults.init_error, Some(InitFault::DriverNotLoaded));
+        assert_eq!(cfg.faults.lost_gpus, vec![0, 1]);
+        assert_eq!(cfg.faults.xid_events[0], XidEvent { gpu: 1, xid: 48 });
+    }
+
+    #[test]
+    fn bad_env_values_are_named() {
+        let err = Config::default()
+            .apply_env(env(&[("MOCK_NVML_XID", "1-48")]))
+            .unwrap_err();
+        assert!(err.contains("MOCK_NVML_XID"), "{err}");
+        let err = Config::default()
+            .apply_env(env(&[("MOCK_NVML_INIT_ERROR", "x")]))
+            .unwrap_err();
+        assert!(err.contains("version-mismatch"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(Config::parse(r#"{"profil":"l4"}"#).is_err());
+    }
+}

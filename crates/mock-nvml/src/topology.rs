@@ -1,0 +1,170 @@
+//! The concrete GPUs and MIG devices a profile and a GPU count produce.
+
+use crate::profile::{GiProfile, Profile};
+
+/// Most GPUs one topology may hold (the handle encoding leaves room for more; real nodes have 8).
+pub const MAX_GPUS: u32 = 64;
+
+/// Everything the library serves for one session.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    /// The model every GPU is an instance of.
+    pub profile: Profile,
+    /// GPUs in NVML index order.
+    pub gpus: Vec<Gpu>,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    /// NVML index.
+    pub index: u32,
+    /// Minor number (`/dev/nvidia<minor>`).
+    pub minor: u32,
+    /// `GPU-...` UUID.
+    pub uuid: String,
+    /// PCI bus id as NVML formats it (`00000000:07:00.0`).
+    pub pci_bus_id: String,
+    /// PCI bus number.
+    pub pci_bus: u32,
+    /// MIG devices present on it.
+    pub migs: Vec<MigDevice>,
+}
+
+/// One MIG device (a GPU instance with one compute instance).
+#[derive(Debug, Clone)]
+pub struct MigDevice {
+    /// `MIG-...` UUID.
+    pub uuid: String,
+    /// The GPU-instance profile it was created from.
+    pub profile: GiProfile,
+    /// First memory slice.
+    pub start: u32,
+    /// GPU-instance id.
+    pub gpu_instance_id: u32,
+    /// Compute-instance id.
+    pub compute_instance_id: u32,
+}
+
+impl Topology {
+    /// Builds `count` GPUs of `profile`.
+    pub fn build(profile: Profile, count: u32) -> Result<Self, String> {
+        if count > MAX_GPUS {
+            return Err(format!(
+                "gpu_count {count} exceeds the mock's limit of {MAX_GPUS}"
+            ));
+        }
+        let seed = fnv1a(profile.name.as_bytes());
+        let gpus = (0..count)
+            .map(|index| build_gpu(&profile, seed, index))
+            .collect();
+        Ok(Self { profile, gpus })
+    }
+
+    /// The GPU with this NVML index.
+    pub fn gpu(&self, index: u32) -> Option<&Gpu> {
+        self.gpus.get(index as usize)
+    }
+
+    /// Whether MIG mode is on for the GPUs.
+    pub fn mig_enabled(&self) -> bool {
+        self.profile.mig.as_ref().is_some_and(|m| m.enabled)
+    }
+}
+
+fn build_gpu(profile: &Profile, seed: u64, index: u32) -> Gpu {
+    let uuid = format_uuid(
+        "GPU-",
+        seed ^ u64::from(index).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    );
+    // Spread GPUs over buses the way an 8-GPU baseboard does (0x07, 0x0f, 0x47, ...).
+    let pci_bus = 0x07 + index * 8 + (index / 2) * 0x30;
+    let migs = match &profile.mig {
+        Some(mig) if mig.enabled => mig
+            .layout
+            .iter()
+            .filter_map(|entry| {
+                let gi = mig.profiles.iter().find(|p| p.name == entry.profile)?;
+                let key = seed ^ (u64::from(index) << 32) ^ u64::from(entry.gpu_instance_id) << 8;
+                Some(MigDevice {
+                    uuid: format_uuid("MIG-", fnv1a(&key.to_le_bytes())),
+                    profile: gi.clone(),
+                    start: entry.start,
+                    gpu_instance_id: entry.gpu_instance_id,
+                    compute_instance_id: entry.compute_instance_id,
+                })
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Gpu {
+        index,
+        minor: index,
+        uuid,
+        pci_bus_id: format!("00000000:{pci_bus:02X}:00.0"),
+        pci_bus,
+        migs,
+    }
+}
+
+/// A UUID-shaped string derived from `value`, stable across runs.
+fn format_uuid(prefix: &str, value: u64) -> String {
+    let hi = fnv1a(&value.to_le_bytes());
+    let lo = fnv1a(&hi.to_be_bytes());
+    format!(
+        "{prefix}{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::load;
+    use std::collections::HashSet;
+
+    #[test]
+    fn gpus_get_distinct_stable_identities() {
+        let a = Topology::build(load("h100-sxm5-80gb").unwrap(), 8).unwrap();
+        let b = Topology::build(load("h100-sxm5-80gb").unwrap(), 8).unwrap();
+        let uuids: HashSet<_> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let buses: HashSet<_> = a.gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
+        assert_eq!((uuids.len(), buses.len()), (8, 8));
+        assert_eq!(a.gpus[3].uuid, b.gpus[3].uuid);
+        assert!(a.gpus[0].uuid.starts_with("GPU-") && a.gpus[0].uuid.len() == 40);
+    }
+
+    #[test]
+    fn the_mixed_layout_puts_three_mig_devices_on_every_gpu() {
+        let t = Topology::build(load("a100-sxm4-40gb-mig-mixed").unwrap(), 2).unwrap();
+        for gpu in &t.gpus {
+            let got: Vec<_> = gpu
+                .migs
+                .iter()
+                .map(|m| (m.profile.name.as_str(), m.start, m.gpu_instance_id))
+                .collect();
+            assert_eq!(
+                got,
+                vec![("3g.20gb", 0, 1), ("2g.10gb", 4, 5), ("1g.5gb", 6, 13)]
+            );
+        }
+        assert_ne!(t.gpus[0].migs[0].uuid, t.gpus[1].migs[0].uuid);
+    }
+
+    #[test]
+    fn mig_off_means_no_mig_devices_and_too_many_gpus_is_refused() {
+        let t = Topology::build(load("a100-sxm4-40gb").unwrap(), 1).unwrap();
+        assert!(t.gpus[0].migs.is_empty() && !t.mig_enabled());
+        assert!(Topology::build(load("l4").unwrap(), MAX_GPUS + 1).is_err());
+    }
+}
