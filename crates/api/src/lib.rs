@@ -1,1 +1,14 @@
-//! The GPUCluster API (being written by the workspace issue).
+//! The `GPUCluster` API and the names of the compatibility contract.
+//!
+//! Everything here is plain data: CRD types, constants for every label, annotation, env var, path and
+//! object name that users and other components rely on, the allocation-mode enum and the image rule.
+//! No I/O happens in this crate.
+
+pub mod contract;
+pub mod gpucluster;
+pub mod image;
+pub mod mode;
+
+pub use gpucluster::{GPUCluster, GPUClusterSpec, GPUClusterStatus};
+pub use image::{ImageError, ImageSpec};
+pub use mode::{AllocationMode, ParseAllocationModeError};

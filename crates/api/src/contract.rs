@@ -1,0 +1,243 @@
+//! Every name of the compatibility contract (DESIGN §2): labels, annotations, env vars, paths,
+//! sockets and object names that users, charts and other components already rely on.
+
+/// The DRA driver name in ResourceSlices, claims' allocation results and DeviceClass selectors.
+pub const DRIVER_NAME: &str = "gpu.nvidia.com";
+/// The only `GPUCluster` name that is reconciled.
+pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
+/// Finalizer that holds a `GPUCluster` until claim consumers are drained.
+pub const GPU_CLUSTER_FINALIZER: &str = "gpucluster.nvidia.com/dra-resourceclaim";
+
+/// Node labels and annotations.
+pub mod labels {
+    /// `true` on GPU nodes, `false` once their GPU labels disappear.
+    pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
+    /// `dra` or `device-plugin`: which stack serves the node.
+    pub const ALLOCATION_MODE: &str = "nvidia.com/gpu-operator.resource-allocation.mode";
+    /// Prefix of every operand deploy label.
+    pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
+    /// Kill switch: `false` removes every deploy label the labeler owns.
+    pub const DEPLOY_OPERANDS: &str = "nvidia.com/gpu.deploy.operands";
+    /// Selects nodes for the DRA kubelet plugin DaemonSet.
+    pub const DEPLOY_DRA_DRIVER: &str = "nvidia.com/gpu.deploy.dra-driver";
+    /// Selects nodes for the DRA validator DaemonSet.
+    pub const DEPLOY_DRA_VALIDATOR: &str = "nvidia.com/gpu.deploy.dra-validator";
+    /// Selects nodes for the standalone DCGM DaemonSet of the DRA plane.
+    pub const DEPLOY_DCGM_DRA: &str = "nvidia.com/gpu.deploy.dcgm-dra";
+    /// Selects nodes for the DCGM exporter DaemonSet of the DRA plane.
+    pub const DEPLOY_DCGM_EXPORTER_DRA: &str = "nvidia.com/gpu.deploy.dcgm-exporter-dra";
+    /// Selects nodes for the driver; shared by both planes.
+    pub const DEPLOY_DRIVER: &str = "nvidia.com/gpu.deploy.driver";
+
+    /// Deploy keys of the DRA plane (GPUCluster), each defaulting to `"true"`.
+    pub const DRA_PLANE_KEYS: [&str; 5] = [
+        DEPLOY_DRIVER,
+        DEPLOY_DRA_DRIVER,
+        DEPLOY_DRA_VALIDATOR,
+        DEPLOY_DCGM_DRA,
+        DEPLOY_DCGM_EXPORTER_DRA,
+    ];
+
+    /// Deploy keys that only the device-plugin plane uses; swept from DRA nodes.
+    pub const DEVICE_PLUGIN_ONLY_KEYS: [&str; 16] = [
+        "nvidia.com/gpu.deploy.gpu-feature-discovery",
+        "nvidia.com/gpu.deploy.container-toolkit",
+        "nvidia.com/gpu.deploy.device-plugin",
+        "nvidia.com/gpu.deploy.dcgm",
+        "nvidia.com/gpu.deploy.dcgm-exporter",
+        "nvidia.com/gpu.deploy.node-status-exporter",
+        "nvidia.com/gpu.deploy.operator-validator",
+        "nvidia.com/gpu.deploy.client",
+        "nvidia.com/gpu.deploy.sandbox-device-plugin",
+        "nvidia.com/gpu.deploy.kata-sandbox-device-plugin",
+        "nvidia.com/gpu.deploy.sandbox-validator",
+        "nvidia.com/gpu.deploy.vfio-manager",
+        "nvidia.com/gpu.deploy.kata-manager",
+        "nvidia.com/gpu.deploy.cc-manager",
+        "nvidia.com/gpu.deploy.vgpu-device-manager",
+        "nvidia.com/gpu.deploy.mig-manager",
+    ];
+
+    /// Node Feature Discovery labels whose value `true` marks a node as having an NVIDIA GPU.
+    pub const NFD_GPU_LABELS: [&str; 3] = [
+        "feature.node.kubernetes.io/pci-10de.present",
+        "feature.node.kubernetes.io/pci-0302_10de.present",
+        "feature.node.kubernetes.io/pci-0300_10de.present",
+    ];
+
+    /// Deploy-label value written by the driver manager while it pauses an operand.
+    pub const PAUSED_FOR_DRIVER_UPGRADE: &str = "paused-for-driver-upgrade";
+    /// Suffix the driver manager appends to other values while it pauses an operand.
+    pub const PAUSED_SUFFIX: &str = "_paused-for-driver-upgrade";
+
+    /// Node annotation: `true` when the active CR's driver upgrade policy is on.
+    pub const DRIVER_UPGRADE_ENABLED: &str = "nvidia.com/gpu-driver-upgrade-enabled";
+
+    /// Namespace label that allows admin-access ResourceClaims in the operator namespace.
+    pub const ADMIN_ACCESS_NAMESPACE: &str = "resource.kubernetes.io/admin-access";
+    /// Label on every object the operator owns, with value [`MANAGED_BY_VALUE`].
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// Value of [`MANAGED_BY`].
+    pub const MANAGED_BY_VALUE: &str = "gpu-operator";
+    /// Pod label shared by both validators; the driver manager and upgrade gates match it.
+    pub const VALIDATOR_APP: &str = "nvidia-operator-validator";
+}
+
+/// Environment variables read by our binaries or set on operands.
+pub mod env {
+    /// Operator/labeler env: default allocation mode for new GPU nodes.
+    pub const DEFAULT_GPU_ALLOCATION_MODE: &str = "DEFAULT_GPU_ALLOCATION_MODE";
+    /// Operator env: the default DRA driver (kubelet plugin) image.
+    pub const DRA_DRIVER_IMAGE: &str = "DRA_DRIVER_IMAGE";
+    /// Operator env: the default validator image (also the init container's).
+    pub const VALIDATOR_IMAGE: &str = "VALIDATOR_IMAGE";
+    /// Operator env: the default DCGM image.
+    pub const DCGM_IMAGE: &str = "DCGM_IMAGE";
+    /// Operator env: the default DCGM exporter image.
+    pub const DCGM_EXPORTER_IMAGE: &str = "DCGM_EXPORTER_IMAGE";
+    /// Operator env: the namespace operands live in.
+    pub const OPERATOR_NAMESPACE: &str = "OPERATOR_NAMESPACE";
+
+    /// `driver-ready` key: `true` when the driver is installed on the host.
+    pub const IS_HOST_DRIVER: &str = "IS_HOST_DRIVER";
+    /// `driver-ready` key: the driver root on the host.
+    pub const NVIDIA_DRIVER_ROOT: &str = "NVIDIA_DRIVER_ROOT";
+    /// `driver-ready` key: where the driver root is mounted in the plugin container.
+    pub const DRIVER_ROOT_CTR_PATH: &str = "DRIVER_ROOT_CTR_PATH";
+    /// `driver-ready` key: the root of the driver's device nodes on the host.
+    pub const NVIDIA_DEV_ROOT: &str = "NVIDIA_DEV_ROOT";
+    /// `driver-ready` key: where the dev root is mounted in the plugin container.
+    pub const DEV_ROOT_CTR_PATH: &str = "DEV_ROOT_CTR_PATH";
+    /// The `driver-ready` keys, in the order they are written.
+    pub const DRIVER_READY_KEYS: [&str; 5] = [
+        IS_HOST_DRIVER,
+        NVIDIA_DRIVER_ROOT,
+        DRIVER_ROOT_CTR_PATH,
+        NVIDIA_DEV_ROOT,
+        DEV_ROOT_CTR_PATH,
+    ];
+
+    /// Validator env: the host root mount.
+    pub const HOST_ROOT: &str = "HOST_ROOT";
+    /// Validator env: the container driver root on the host.
+    pub const DRIVER_INSTALL_DIR: &str = "DRIVER_INSTALL_DIR";
+    /// Validator env: where the container driver root is mounted.
+    pub const DRIVER_INSTALL_DIR_CTR_PATH: &str = "DRIVER_INSTALL_DIR_CTR_PATH";
+    /// Validator env: retry until the driver appears.
+    pub const WITH_WAIT: &str = "WITH_WAIT";
+
+    /// Plugin env: the node the plugin serves.
+    pub const NODE_NAME: &str = "NODE_NAME";
+    /// Plugin env: where CDI specs are written.
+    pub const CDI_ROOT: &str = "CDI_ROOT";
+    /// Plugin env: the kubelet's plugin registration directory.
+    pub const KUBELET_REGISTRAR_DIRECTORY_PATH: &str = "KUBELET_REGISTRAR_DIRECTORY_PATH";
+    /// Plugin env: the kubelet's plugins directory.
+    pub const KUBELET_PLUGINS_DIRECTORY_PATH: &str = "KUBELET_PLUGINS_DIRECTORY_PATH";
+    /// Plugin env: gRPC health port.
+    pub const HEALTHCHECK_PORT: &str = "HEALTHCHECK_PORT";
+    /// Plugin env: metrics endpoint address.
+    pub const HTTP_ENDPOINT: &str = "HTTP_ENDPOINT";
+    /// Plugin env: feature gates, `Name=bool` pairs.
+    pub const FEATURE_GATES: &str = "FEATURE_GATES";
+}
+
+/// Paths on a node and inside operand containers.
+pub mod paths {
+    /// Directory of the validators' status files.
+    pub const VALIDATIONS_DIR: &str = "/run/nvidia/validations";
+    /// File name of the driver validator's env file inside [`VALIDATIONS_DIR`].
+    pub const DRIVER_READY_FILE: &str = "driver-ready";
+    /// Default container driver root on the host.
+    pub const DEFAULT_DRIVER_INSTALL_DIR: &str = "/run/nvidia/driver";
+    /// Default kubelet root directory.
+    pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
+    /// Where the host root is mounted in operand containers.
+    pub const HOST_ROOT_CTR_PATH: &str = "/host";
+    /// Where the container driver root is mounted in operand containers.
+    pub const DRIVER_ROOT_CTR_PATH: &str = "/driver-root";
+    /// Directories searched, under a driver root, for `libnvidia-ml.so.1`, in order.
+    pub const LIBRARY_SEARCH_DIRS: [&str; 7] = [
+        "/",
+        "/usr/lib64",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/lib64",
+        "/lib/x86_64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+    ];
+    /// Directories searched, under a driver root, for `nvidia-smi`, in order.
+    pub const BINARY_SEARCH_DIRS: [&str; 5] = ["/", "/usr/bin", "/usr/sbin", "/bin", "/sbin"];
+    /// The NVML library's file name.
+    pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+    /// Default CDI spec directory.
+    pub const CDI_ROOT: &str = "/var/run/cdi";
+    /// Registration socket file name, inside the kubelet's `plugins_registry`.
+    pub const REGISTRATION_SOCKET: &str = "gpu.nvidia.com-reg.sock";
+    /// DRA socket path relative to the kubelet's `plugins` directory.
+    pub const DRA_SOCKET: &str = "gpu.nvidia.com/dra.sock";
+}
+
+/// CDI naming.
+pub mod cdi {
+    /// CDI vendor of the specs the plugin writes.
+    pub const VENDOR: &str = "k8s.gpu.nvidia.com";
+    /// CDI class of the specs the plugin writes.
+    pub const CLASS: &str = "claim";
+}
+
+/// Names of the objects the operator owns.
+pub mod objects {
+    /// DaemonSet of the DRA kubelet plugin.
+    pub const KUBELET_PLUGIN_DAEMONSET: &str = "nvidia-dra-driver-kubelet-plugin";
+    /// Deployment of the ComputeDomain controller.
+    pub const COMPUTE_DOMAIN_CONTROLLER: &str = "nvidia-dra-driver-controller";
+    /// DaemonSet of the allocation-path validator.
+    pub const VALIDATOR_DAEMONSET: &str = "nvidia-dra-validator";
+    /// ResourceClaimTemplate of the validator's GPU claim.
+    pub const VALIDATOR_CLAIM_TEMPLATE: &str = "nvidia-dra-validator-gpu";
+    /// DaemonSet (and Service) of the DCGM exporter on DRA nodes.
+    pub const DCGM_EXPORTER_DAEMONSET: &str = "nvidia-dcgm-exporter-dra";
+    /// DaemonSet (and Service) of standalone DCGM on DRA nodes.
+    pub const DCGM_DAEMONSET: &str = "nvidia-dcgm-dra";
+    /// ValidatingAdmissionPolicy (and binding) confining plugins to their node's slices.
+    pub const RESOURCESLICE_POLICY: &str = "resourceslices-policy-nvidia-dra-driver";
+    /// DeviceClass of full GPUs.
+    pub const DEVICE_CLASS_GPU: &str = "gpu.nvidia.com";
+    /// DeviceClass of MIG devices.
+    pub const DEVICE_CLASS_MIG: &str = "mig.nvidia.com";
+    /// DeviceClass of GPUs bound to vfio-pci for passthrough.
+    pub const DEVICE_CLASS_VFIO: &str = "vfio.gpu.nvidia.com";
+    /// DeviceClass of ComputeDomain daemons.
+    pub const DEVICE_CLASS_CD_DAEMON: &str = "compute-domain-daemon.nvidia.com";
+    /// DeviceClass of ComputeDomain default channels.
+    pub const DEVICE_CLASS_CD_CHANNEL: &str = "compute-domain-default-channel.nvidia.com";
+}
+
+/// Well-known ports.
+pub mod ports {
+    /// gRPC health port of the `gpus` kubelet-plugin container.
+    pub const GPU_PLUGIN_HEALTH: u16 = 51516;
+    /// gRPC health port of the `compute-domains` kubelet-plugin container.
+    pub const COMPUTE_DOMAIN_PLUGIN_HEALTH: u16 = 51515;
+    /// Standalone DCGM host engine port.
+    pub const DCGM: u16 = 5555;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::labels::*;
+
+    #[test]
+    fn plane_key_sets_are_disjoint_deploy_labels() {
+        for key in DRA_PLANE_KEYS.iter().chain(&DEVICE_PLUGIN_ONLY_KEYS) {
+            assert!(key.starts_with(DEPLOY_PREFIX), "{key}");
+        }
+        for key in DRA_PLANE_KEYS {
+            assert!(
+                !DEVICE_PLUGIN_ONLY_KEYS.contains(&key),
+                "{key} is in both planes"
+            );
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! The `GPUCluster` custom resource (`nvidia.com/v1alpha1`, cluster-scoped singleton).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSON,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::contract::paths;
+use crate::image::ImageSpec;
+
+/// Desired state of the DRA GPU stack in the cluster. Only the object named `gpu-cluster` is
+/// accepted; it configures the DRA kubelet plugin, the validator, DCGM and the DCGM exporter.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "nvidia.com",
+    version = "v1alpha1",
+    kind = "GPUCluster",
+    plural = "gpuclusters",
+    singular = "gpucluster",
+    shortname = "gc",
+    status = "GPUClusterStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A GPUCluster configures the DRA GPU stack of the whole cluster. It is a singleton named `gpu-cluster`.",
+    printcolumn(name = "STATUS", type_ = "string", json_path = ".status.state", description = "Overall state of the DRA GPU stack"),
+    printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name == 'gpu-cluster'").message("GPUCluster is a singleton: its name must be 'gpu-cluster'"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GPUClusterSpec {
+    /// The NVIDIA DRA driver: its image, feature gates and the GPU and ComputeDomain kubelet plugins.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub dra_driver: DraDriverSpec,
+    /// The DRA driver validator: image and extra environment.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub validator: ValidatorSpec,
+    /// The DCGM exporter on DRA nodes. Enabled unless `enabled` is false.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub dcgm_exporter: DcgmExporterSpec,
+    /// Standalone DCGM host engine on DRA nodes. Disabled unless `enabled` is true.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub dcgm: DcgmSpec,
+    /// Host paths the operands mount.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub host_paths: HostPathsSpec,
+    /// Settings applied to every operand DaemonSet.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub daemonsets: DaemonsetsSpec,
+}
+
+/// Implements `Default` as "what `{}` deserializes to", so the Rust default of a section always
+/// equals the defaults its schema gives an empty object.
+macro_rules! default_from_empty_object {
+    ($($ty:ty),+) => {$(
+        impl Default for $ty {
+            fn default() -> Self {
+                serde_json::from_value(serde_json::json!({}))
+                    .expect("every spec section deserializes from {}")
+            }
+        }
+    )+};
+}
+
+default_from_empty_object!(
+    DraDriverSpec,
+    GpusSpec,
+    ComputeDomainsSpec,
+    KubeletPluginSpec,
+    HealthcheckSpec,
+    ValidatorSpec,
+    DcgmExporterSpec,
+    DcgmSpec,
+    HostPathsSpec,
+    DaemonsetsSpec
+);
+
+fn yes() -> bool {
+    true
+}
+
+fn no() -> bool {
+    false
+}
+
+/// The NVIDIA DRA driver. Its GPU capability is always deployed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DraDriverSpec {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub image: ImageSpec,
+    /// Feature gates passed to the kubelet plugins, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_gates: BTreeMap<String, bool>,
+    /// The GPU kubelet plugin.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub gpus: GpusSpec,
+    /// ComputeDomains (multi-node NVLink): the controller and the compute-domain kubelet plugin.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub compute_domains: ComputeDomainsSpec,
+}
+
+/// The GPU capability of the DRA driver.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpusSpec {
+    /// The `gpus` container of the kubelet-plugin DaemonSet.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub kubelet_plugin: KubeletPluginSpec,
+}
+
+/// ComputeDomain support of the DRA driver.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComputeDomainsSpec {
+    /// Deploy the ComputeDomain controller, the `compute-domains` plugin container and its classes.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The ComputeDomain controller Deployment.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub controller: ContainerSpec,
+    /// The `compute-domains` container of the kubelet-plugin DaemonSet.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub kubelet_plugin: KubeletPluginSpec,
+}
+
+/// Extra environment and resources of one container.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerSpec {
+    /// Extra environment variables for the container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Compute resources of the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// One container of the kubelet-plugin DaemonSet.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletPluginSpec {
+    /// Extra environment variables for the container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Compute resources of the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// The plugin's gRPC health endpoint and the probes that use it.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub healthcheck: HealthcheckSpec,
+}
+
+/// gRPC health checking of a kubelet plugin.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthcheckSpec {
+    /// Serve the gRPC health service and probe it; false removes the probes.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Port of the gRPC health service (51516 for `gpus`, 51515 for `compute-domains` when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+}
+
+/// The DRA driver validator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidatorSpec {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub image: ImageSpec,
+    /// Extra environment variables for the validator containers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+}
+
+/// The DCGM exporter on DRA nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DcgmExporterSpec {
+    /// Deploy the DCGM exporter.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub image: ImageSpec,
+    /// Extra environment variables for the exporter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Extra command-line arguments for the exporter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Compute resources of the exporter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// A ConfigMap with a custom metrics CSV.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigMapRef>,
+    /// A Prometheus Operator ServiceMonitor for the exporter (created only when that API is served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_monitor: Option<ServiceMonitorSpec>,
+}
+
+/// A ConfigMap in the operator namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapRef {
+    /// Name of the ConfigMap.
+    pub name: String,
+}
+
+/// ServiceMonitor settings.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceMonitorSpec {
+    /// Create the ServiceMonitor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Scrape interval, e.g. `15s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    /// Keep the exporter's labels when they clash with the target's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub honor_labels: Option<bool>,
+    /// Extra labels on the ServiceMonitor.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub additional_labels: BTreeMap<String, String>,
+}
+
+/// Standalone DCGM host engine on DRA nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DcgmSpec {
+    /// Deploy the standalone DCGM host engine.
+    #[serde(default = "no")]
+    pub enabled: bool,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub image: ImageSpec,
+    /// Extra environment variables for DCGM.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Extra command-line arguments for DCGM.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Compute resources of DCGM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Host port of the DCGM host engine (5555 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub host_port: Option<i32>,
+}
+
+/// Host paths used by the operands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathsSpec {
+    /// Root of a containerized driver on the host; probed after the host root.
+    #[serde(default = "default_driver_install_dir")]
+    pub driver_install_dir: String,
+    /// The kubelet's root directory (plugin sockets, registration, pod resources).
+    #[serde(default = "default_kubelet_root_dir")]
+    pub kubelet_root_dir: String,
+}
+
+fn default_driver_install_dir() -> String {
+    paths::DEFAULT_DRIVER_INSTALL_DIR.to_owned()
+}
+
+fn default_kubelet_root_dir() -> String {
+    paths::DEFAULT_KUBELET_ROOT.to_owned()
+}
+
+/// Settings applied to every operand DaemonSet.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonsetsSpec {
+    /// Extra labels on operand pods (`app` and `app.kubernetes.io/part-of` are ignored).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations on operand pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// PriorityClass of operand pods.
+    #[serde(default = "default_priority_class")]
+    pub priority_class_name: String,
+    /// Tolerations added to operand pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// DaemonSet update strategy: `RollingUpdate` or `OnDelete`.
+    #[serde(default)]
+    pub update_strategy: UpdateStrategy,
+    /// Rolling update settings, used with `RollingUpdate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling_update: Option<RollingUpdateSpec>,
+}
+
+fn default_priority_class() -> String {
+    "system-node-critical".to_owned()
+}
+
+/// DaemonSet update strategy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum UpdateStrategy {
+    /// Replace pods node by node, bounded by `maxUnavailable`.
+    #[default]
+    RollingUpdate,
+    /// Replace a pod only when it is deleted.
+    OnDelete,
+}
+
+/// Rolling update bounds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollingUpdateSpec {
+    /// Pods that may be unavailable during an update: a number or a percentage such as `25%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+}
+
+/// Observed state of the DRA GPU stack.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GPUClusterStatus {
+    /// `ready` when every enabled operand is ready, `notReady` otherwise, `ignored` for a
+    /// GPUCluster that is not the singleton.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+    /// Namespace the operands run in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `Ready` and `Error` conditions with reasons and messages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Readiness of each operand workload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operands: Vec<OperandStatus>,
+    /// GPU node counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodeCounts>,
+}
+
+/// Overall state of a `GPUCluster`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum State {
+    /// Every enabled operand is ready.
+    Ready,
+    /// Some operand is not ready, or reconciling failed.
+    NotReady,
+    /// This object is not the singleton and is not reconciled.
+    Ignored,
+}
+
+/// Readiness of one operand workload.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperandStatus {
+    /// Object name, e.g. `nvidia-dra-driver-kubelet-plugin`.
+    pub name: String,
+    /// Object kind, `DaemonSet` or `Deployment`.
+    pub kind: String,
+    /// Whether the operand counts as ready.
+    pub ready: bool,
+    /// Pods desired (DaemonSet: nodes selected; Deployment: replicas).
+    pub desired: i32,
+    /// Pods available.
+    pub available: i32,
+}
+
+/// GPU node counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    /// Nodes labelled `nvidia.com/gpu.present=true`.
+    pub gpu: i32,
+    /// GPU nodes in `dra` allocation mode.
+    pub dra: i32,
+    /// DRA nodes whose kubelet plugin pod is ready.
+    pub ready_dra: i32,
+}
+
+/// The `GPUCluster` CustomResourceDefinition.
+///
+/// Unlike the derived one, `spec` is optional and defaults to `{}`, so a bare
+/// `metadata.name: gpu-cluster` object is valid and receives every default.
+pub fn crd() -> CustomResourceDefinition {
+    let mut crd = <GPUCluster as kube::CustomResourceExt>::crd();
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        if let Some(required) = schema.required.as_mut() {
+            required.retain(|field| field != "spec");
+            if required.is_empty() {
+                schema.required = None;
+            }
+        }
+        if let Some(spec) = schema.properties.as_mut().and_then(|p| p.get_mut("spec")) {
+            spec.default = Some(JSON(serde_json::json!({})));
+        }
+    }
+    crd
+}
+
+/// The `GPUCluster` CustomResourceDefinition as YAML, exactly as committed in the chart's `crds/`.
+pub fn crd_yaml() -> String {
+    let crd = crd();
+    let body = serde_yaml::to_string(&crd).expect("a CRD always serializes to YAML");
+    format!("# Generated from crates/api by `make generate`; do not edit by hand.\n{body}")
+}
