@@ -1,0 +1,11 @@
+//! The `gpu-kubelet-plugin` library: the kubelet's DRA protocol on Unix sockets, the crash-safe
+//! prepare/unprepare core with its checkpoint and CDI specs, and the ResourceSlices of a node.
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod grpc;
+pub mod proto;
+pub mod registration;
+pub mod server;
+pub mod sockets;
+pub mod types;

@@ -1,0 +1,108 @@
+//! Binds the registration and DRA sockets and serves them until shutdown.
+
+use crate::grpc::DraService;
+use crate::registration::RegistrationService;
+use crate::sockets::{BoundSocket, SocketError, bind_private};
+use crate::types::DraBackend;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
+
+/// Where the two sockets go.
+#[derive(Debug, Clone)]
+pub struct SocketPaths {
+    /// The registration socket in the kubelet's `plugins_registry`.
+    pub registration: PathBuf,
+    /// The DRA socket in the plugin's data directory.
+    pub dra: PathBuf,
+}
+
+impl SocketPaths {
+    /// The contract's paths under a registrar directory and a plugins directory.
+    pub fn new(registrar_dir: &Path, plugins_dir: &Path) -> Self {
+        Self {
+            registration: registrar_dir.join(api::contract::paths::REGISTRATION_SOCKET),
+            dra: plugins_dir.join(api::contract::paths::DRA_SOCKET),
+        }
+    }
+}
+
+/// Why serving stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A socket could not be bound.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// The gRPC server failed.
+    #[error("gRPC server on {path}: {source}")]
+    Transport {
+        /// The socket.
+        path: PathBuf,
+        /// tonic's error.
+        source: tonic::transport::Error,
+    },
+}
+
+/// Bound sockets, ready to serve; the files are removed when this is dropped.
+#[derive(Debug)]
+pub struct Sockets {
+    registration: BoundSocket,
+    dra: BoundSocket,
+}
+
+impl Sockets {
+    /// Binds both sockets: the DRA one first, so the kubelet never finds a registration socket
+    /// whose endpoint is not there yet.
+    pub fn bind(paths: &SocketPaths) -> Result<Self, SocketError> {
+        let dra = bind_private(&paths.dra)?;
+        let registration = bind_private(&paths.registration)?;
+        Ok(Self { registration, dra })
+    }
+
+    /// Serves `registration` and both DRA versions of `dra` until `shutdown` resolves, then
+    /// removes the sockets.
+    pub async fn serve<B: DraBackend>(
+        mut self,
+        registration: RegistrationService,
+        dra: DraService<B>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let dra_listener = self.dra.take_listener().expect("listener taken once");
+        let reg_listener = self
+            .registration
+            .take_listener()
+            .expect("listener taken once");
+        let dra_server = Server::builder()
+            .add_service(dra.v1())
+            .add_service(dra.v1beta1())
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(dra_listener),
+                stopped(stop_rx.clone()),
+            );
+        let reg_server = Server::builder()
+            .add_service(registration.into_server())
+            .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), stopped(stop_rx));
+        let trigger = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        let dra_path = self.dra.path().to_path_buf();
+        let reg_path = self.registration.path().to_path_buf();
+        let ((), dra_result, reg_result) = tokio::join!(trigger, dra_server, reg_server);
+        dra_result.map_err(|source| ServeError::Transport {
+            path: dra_path,
+            source,
+        })?;
+        reg_result.map_err(|source| ServeError::Transport {
+            path: reg_path,
+            source,
+        })?;
+        drop(self);
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! Private Unix sockets for the kubelet: `0600` sockets in `0700` directories, stale sockets
+//! replaced only when the path really is a socket, and removal when the guard is dropped.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use tokio::net::UnixListener;
+
+/// Why a socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// Something that is not a socket sits where the socket goes; it is left alone.
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    /// Any filesystem or bind failure.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> SocketError + 'a {
+    move |source| SocketError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A bound listener whose socket file is removed when this is dropped.
+#[derive(Debug)]
+pub struct BoundSocket {
+    listener: Option<UnixListener>,
+    path: PathBuf,
+}
+
+impl BoundSocket {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Takes the listener out to serve it; the file is still removed on drop.
+    pub fn take_listener(&mut self) -> Option<UnixListener> {
+        self.listener.take()
+    }
+}
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        if is_socket(&self.path) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn is_socket(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// Makes `dir` (and its parents) exist, with mode `0700` on `dir` itself.
+pub fn private_dir(dir: &Path) -> Result<(), SocketError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err("create directory", dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io_err("chmod 0700", dir))
+}
+
+/// Binds a Unix socket at `path` with mode `0600`, in a `0700` parent directory.
+///
+/// An existing socket at `path` (left by a previous run) is removed first; any other kind of
+/// file there is an error and is not touched. Must be called inside a tokio runtime.
+pub fn bind_private(path: &Path) -> Result<BoundSocket, SocketError> {
+    if let Some(parent) = path.parent() {
+        private_dir(parent)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(io_err("remove stale socket", path))?;
+        }
+        Ok(_) => return Err(SocketError::NotASocket(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("stat", path)(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io_err("bind", path))?;
+    // The parent is 0700, so nobody else can reach the socket in the moment before this chmod.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io_err("chmod 0600", path))?;
+    Ok(BoundSocket {
+        listener: Some(listener),
+        path: path.to_path_buf(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn sockets_are_private_and_removed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/plugin.sock");
+        let bound = bind_private(&path).unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        drop(bound);
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plugin.sock");
+        let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(stale);
+        assert!(is_socket(&path));
+        let bound = bind_private(&path).unwrap();
+        assert!(is_socket(bound.path()));
+    }
+
+    #[tokio::test]
+    async fn a_regular_file_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plugin.sock");
+        std::fs::write(&path, b"keep me").unwrap();
+        let err = bind_private(&path).unwrap_err();
+        assert!(matches!(err, SocketError::NotASocket(_)), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
+    }
+}

@@ -1,0 +1,168 @@
+//! Wire test: the registration and DRA services over real Unix sockets, driven by a gRPC client.
+
+use kubelet_plugin::client::connect_unix;
+use kubelet_plugin::grpc::DraService;
+use kubelet_plugin::proto::registration::registration_client::RegistrationClient;
+use kubelet_plugin::proto::registration::{InfoRequest, RegistrationStatus};
+use kubelet_plugin::proto::{dra_v1, dra_v1beta1};
+use kubelet_plugin::registration::{RegistrationService, RegistrationState};
+use kubelet_plugin::server::{SocketPaths, Sockets};
+use kubelet_plugin::types::{
+    ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults,
+};
+use std::sync::Arc;
+
+/// Prepares every claim whose name starts with `ok` with one device, fails the others.
+struct Echo;
+
+impl DraBackend for Echo {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        claims
+            .into_iter()
+            .map(|c| {
+                let answer = if c.name.starts_with("ok") {
+                    Ok(vec![PreparedDevice {
+                        request_names: vec!["gpu".into()],
+                        pool: "node-a".into(),
+                        device: "gpu-0".into(),
+                        cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={}-gpu-0", c.uid)],
+                        admin_access: false,
+                    }])
+                } else {
+                    Err(format!("claim {}: refused", c.name))
+                };
+                (c.uid, answer)
+            })
+            .collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
+    }
+}
+
+#[tokio::test]
+async fn registration_and_both_dra_versions_answer_over_unix_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = SocketPaths::new(
+        &dir.path().join("plugins_registry"),
+        &dir.path().join("plugins"),
+    );
+    let endpoint = paths.dra.to_string_lossy().into_owned();
+    let registration = RegistrationService::new("gpu.nvidia.com", &endpoint);
+    let mut state = registration.state();
+    let sockets = Sockets::bind(&paths).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server =
+        tokio::spawn(
+            sockets.serve(registration, DraService::new(Arc::new(Echo)), async move {
+                let _ = stopped.await;
+            }),
+        );
+
+    assert!(
+        paths
+            .registration
+            .ends_with("plugins_registry/gpu.nvidia.com-reg.sock")
+    );
+    assert!(paths.dra.ends_with("plugins/gpu.nvidia.com/dra.sock"));
+
+    let mut reg = RegistrationClient::new(connect_unix(&paths.registration).await.unwrap());
+    let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "gpu.nvidia.com");
+    assert_eq!(info.endpoint, endpoint);
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+
+    reg.notify_registration_status(RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .unwrap();
+    state
+        .wait_for(|s| *s == RegistrationState::Registered)
+        .await
+        .unwrap();
+    let refused = reg
+        .notify_registration_status(RegistrationStatus {
+            plugin_registered: false,
+            error: "duplicate endpoint".into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(refused.message().contains("duplicate endpoint"));
+
+    let channel = connect_unix(&paths.dra).await.unwrap();
+    let mut c1 = dra_v1::dra_plugin_client::DraPluginClient::new(channel.clone());
+    let answer = c1
+        .node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
+            claims: vec![
+                dra_v1::Claim {
+                    namespace: "ns".into(),
+                    uid: "u1".into(),
+                    name: "ok-1".into(),
+                },
+                dra_v1::Claim {
+                    namespace: "ns".into(),
+                    uid: "u2".into(),
+                    name: "bad".into(),
+                },
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ok = &answer.claims["u1"];
+    assert_eq!(ok.error, "");
+    assert_eq!(ok.devices[0].device_name, "gpu-0");
+    assert_eq!(ok.devices[0].pool_name, "node-a");
+    assert_eq!(
+        ok.devices[0].cdi_device_ids,
+        ["k8s.gpu.nvidia.com/claim=u1-gpu-0"]
+    );
+    assert_eq!(ok.devices[0].share_id, None);
+    assert_eq!(answer.claims["u2"].error, "claim bad: refused");
+
+    let mut c2 = dra_v1beta1::dra_plugin_client::DraPluginClient::new(channel);
+    let answer = c2
+        .node_unprepare_resources(dra_v1beta1::NodeUnprepareResourcesRequest {
+            claims: vec![dra_v1beta1::Claim {
+                namespace: "ns".into(),
+                uid: "u9".into(),
+                name: "gone".into(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims["u9"].error, "");
+    let answer = c2
+        .node_prepare_resources(dra_v1beta1::NodePrepareResourcesRequest { claims: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.claims.is_empty());
+    let invalid = c2
+        .node_prepare_resources(dra_v1beta1::NodePrepareResourcesRequest {
+            claims: vec![dra_v1beta1::Claim {
+                namespace: "ns".into(),
+                uid: String::new(),
+                name: "x".into(),
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(invalid.code(), tonic::Code::InvalidArgument);
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    assert!(
+        !paths.registration.exists(),
+        "registration socket removed on shutdown"
+    );
+    assert!(!paths.dra.exists(), "DRA socket removed on shutdown");
+}
