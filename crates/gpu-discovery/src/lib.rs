@@ -1,1 +1,23 @@
-//! GPU discovery for a node: driver-root probing, an NVML session from that root, and a plain device model; built by the mock-NVML issue.
+//! GPU discovery for a node, shared by the validator and the kubelet plugin.
+//!
+//! - [`root`]: find the NVIDIA driver, on the host first and then in the container driver root, and
+//!   work out the paths the `driver-ready` file carries.
+//! - [`driver_ready`]: that file's format, an atomic writer and a parser.
+//! - [`nvml`]: an NVML session loaded from the probed root's `libnvidia-ml.so.1` (never from the
+//!   default library search path), reading a plain [`model`] of GPUs and MIG devices, and device
+//!   events.
+//! - `testing` (feature `test-support`): fake driver roots carrying the mock NVML.
+#![forbid(unsafe_code)]
+
+pub mod atomic;
+pub mod driver_ready;
+pub mod model;
+pub mod nvml;
+pub mod root;
+#[cfg(feature = "test-support")]
+pub mod testing;
+
+pub use driver_ready::DriverReady;
+pub use model::{CudaVersion, Gpu, Inventory, MigDevice, MigMode};
+pub use nvml::{DeviceEvent, EventKind, EventWatch, InitMode, NvmlError, NvmlSession};
+pub use root::{DriverLocation, DriverRoot, ProbeError, ProbeSettings, SearchedRoot};

@@ -114,27 +114,27 @@ fn profile_by_index(s: &Session, index: c_uint) -> Result<&GiProfile, Ret> {
 // --- Library lifetime and errors -------------------------------------------------------------
 
 #[unsafe(no_mangle)]
-extern "C" fn nvmlInit_v2() -> Ret {
+pub(crate) extern "C" fn nvmlInit_v2() -> Ret {
     state::init()
 }
 
 #[unsafe(no_mangle)]
-extern "C" fn nvmlInit() -> Ret {
+pub(crate) extern "C" fn nvmlInit() -> Ret {
     state::init()
 }
 
 #[unsafe(no_mangle)]
-extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
+pub(crate) extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
     state::init()
 }
 
 #[unsafe(no_mangle)]
-extern "C" fn nvmlShutdown() -> Ret {
+pub(crate) extern "C" fn nvmlShutdown() -> Ret {
     state::shutdown()
 }
 
 #[unsafe(no_mangle)]
-extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
+pub(crate) extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
     error_text(result).as_ptr()
 }
 
@@ -160,7 +160,7 @@ fn error_text(result: Ret) -> &'static CStr {
 // --- System ----------------------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
     collapse(state::with_session(|s| {
         // SAFETY: forwarded caller contract.
         Ok(unsafe { put_str(version, length, &s.topology.profile.driver_version) })
@@ -168,7 +168,7 @@ unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
     collapse(state::with_session(|s| {
         let p = &s.topology.profile;
         let text = format!("{}.{}", p.cuda_driver_version / 1000, p.driver_version);
@@ -178,7 +178,7 @@ unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_ui
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> Ret {
     collapse(state::with_session(|s| {
         // SAFETY: forwarded caller contract.
         Ok(unsafe { put(version, s.topology.profile.cuda_driver_version) })
@@ -186,7 +186,7 @@ unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> R
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> Ret {
     // SAFETY: same contract.
     unsafe { nvmlSystemGetCudaDriverVersion_v2(version) }
 }
@@ -194,7 +194,7 @@ unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> Ret 
 // --- Device handles --------------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
     collapse(state::with_session(|s| {
         let n = s.topology.gpus.len() as c_uint;
         // SAFETY: forwarded caller contract.
@@ -203,7 +203,7 @@ unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> Ret {
@@ -216,7 +216,7 @@ unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> Ret {
@@ -246,7 +246,7 @@ unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus_id: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> Ret {
@@ -285,7 +285,7 @@ fn normalise_bus_id(id: &str) -> String {
 // --- Device attributes -----------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetName(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetName(
     device: nvmlDevice_t,
     name: *mut c_char,
     length: c_uint,
@@ -302,7 +302,7 @@ unsafe extern "C" fn nvmlDeviceGetName(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetUUID(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetUUID(
     device: nvmlDevice_t,
     uuid: *mut c_char,
     length: c_uint,
@@ -318,19 +318,19 @@ unsafe extern "C" fn nvmlDeviceGetUUID(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe { query(device, index, |_, d| Ok(d.gpu().index)) }
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe { query(device, minor, |_, d| Ok(gpu_only(d)?.minor)) }
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, pci, |s, d| {
@@ -368,7 +368,7 @@ fn memory_mib(s: &Session, d: Device<'_>) -> u64 {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> Ret {
@@ -393,7 +393,7 @@ unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> Ret {
@@ -411,13 +411,13 @@ unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut nvmlBrandType_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut nvmlBrandType_t) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe { query(device, brand, |s, _| Ok(s.topology.profile.brand)) }
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetArchitecture(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetArchitecture(
     device: nvmlDevice_t,
     arch: *mut nvmlDeviceArchitecture_t,
 ) -> Ret {
@@ -426,7 +426,7 @@ unsafe extern "C" fn nvmlDeviceGetArchitecture(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     device: nvmlDevice_t,
     major: *mut c_int,
     minor: *mut c_int,
@@ -445,7 +445,7 @@ unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     device: nvmlDevice_t,
     attributes: *mut nvmlDeviceAttributes_t,
 ) -> Ret {
@@ -489,7 +489,7 @@ unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
 // --- MIG -------------------------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetMigMode(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: nvmlDevice_t,
     current: *mut c_uint,
     pending: *mut c_uint,
@@ -510,7 +510,7 @@ unsafe extern "C" fn nvmlDeviceGetMigMode(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> Ret {
@@ -524,7 +524,7 @@ unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     device: nvmlDevice_t,
     index: c_uint,
     mig: *mut nvmlDevice_t,
@@ -546,7 +546,7 @@ unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: nvmlDevice_t, is_mig: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: nvmlDevice_t, is_mig: *mut c_uint) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, is_mig, |_, d| {
@@ -556,7 +556,7 @@ unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: nvmlDevice_t, is_mig: *
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig: nvmlDevice_t,
     device: *mut nvmlDevice_t,
 ) -> Ret {
@@ -570,7 +570,7 @@ unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, id, |_, d| match d {
@@ -581,7 +581,7 @@ unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t, id: *mut c
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, id, |_, d| match d {
@@ -592,7 +592,7 @@ unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: nvmlDevice_t, id: *m
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     device: nvmlDevice_t,
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_t,
@@ -621,7 +621,7 @@ unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
 
 /// Takes the profile *id* (as reported in the profile info), like NVML.
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     device: nvmlDevice_t,
     profile_id: c_uint,
     placements: *mut nvmlGpuInstancePlacement_t,
@@ -660,7 +660,7 @@ unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     device: nvmlDevice_t,
     id: c_uint,
     instance: *mut nvmlGpuInstance_t,
@@ -679,7 +679,7 @@ unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+pub(crate) unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     instance: nvmlGpuInstance_t,
     info: *mut nvmlGpuInstanceInfo_t,
 ) -> Ret {
@@ -715,7 +715,7 @@ const SUPPORTED_EVENTS: u64 = (nvmlEventTypeXidCriticalError
     | nvmlEventTypeDoubleBitEccError) as u64;
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     types: *mut c_ulonglong,
 ) -> Ret {
@@ -724,7 +724,7 @@ unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> Ret {
     if set.is_null() {
         return INVALID;
     }
@@ -743,7 +743,7 @@ fn event_set_number(set: nvmlEventSet_t) -> Result<u32, Ret> {
 }
 
 #[unsafe(no_mangle)]
-extern "C" fn nvmlDeviceRegisterEvents(
+pub(crate) extern "C" fn nvmlDeviceRegisterEvents(
     device: nvmlDevice_t,
     types: c_ulonglong,
     set: nvmlEventSet_t,
@@ -761,7 +761,7 @@ extern "C" fn nvmlDeviceRegisterEvents(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn nvmlEventSetWait_v2(
+pub(crate) unsafe extern "C" fn nvmlEventSetWait_v2(
     set: nvmlEventSet_t,
     data: *mut nvmlEventData_t,
     timeout_ms: c_uint,
@@ -787,7 +787,7 @@ unsafe extern "C" fn nvmlEventSetWait_v2(
 }
 
 #[unsafe(no_mangle)]
-extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
+pub(crate) extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
     collapse(state::with_session(|s| {
         s.free_event_set(event_set_number(set)?)?;
         Ok(SUCCESS)

@@ -10,6 +10,8 @@
 
 mod config;
 mod ffi;
+#[cfg(test)]
+mod ffi_tests;
 mod handles;
 mod profile;
 mod state;

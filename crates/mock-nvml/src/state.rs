@@ -61,12 +61,22 @@ impl<'a> Device<'a> {
 
 /// `nvmlInit*`: the first call builds a session from the configuration, later calls count.
 pub fn init() -> Ret {
+    init_using(open_session)
+}
+
+/// `init` with a given configuration and no control file, for in-process tests.
+#[cfg(test)]
+pub fn init_with(config: Config) -> Ret {
+    init_using(|| session_from(config, None))
+}
+
+fn init_using(open: impl FnOnce() -> Result<Session, Ret>) -> Ret {
     let mut global = lock();
     if global.refcount > 0 {
         global.refcount += 1;
         return nvmlReturn_enum_NVML_SUCCESS;
     }
-    match open_session() {
+    match open() {
         Ok(session) => {
             global.session = Some(session);
             global.refcount = 1;
@@ -139,6 +149,10 @@ fn lock() -> MutexGuard<'static, Global> {
 fn open_session() -> Result<Session, Ret> {
     let control = control_path();
     let cfg = read_config(control.as_deref()).map_err(|e| complain(&e))?;
+    session_from(cfg, control)
+}
+
+fn session_from(cfg: Config, control: Option<PathBuf>) -> Result<Session, Ret> {
     if let Some(fault) = cfg.faults.init_error {
         return Err(match fault {
             InitFault::DriverNotLoaded => nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,

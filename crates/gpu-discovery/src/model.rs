@@ -1,0 +1,174 @@
+//! The plain device model: what a node's GPUs are, with no NVML types in it.
+
+use std::fmt;
+
+/// Everything NVML reports about a node's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inventory {
+    /// Driver version (`580.95.05`).
+    pub driver_version: String,
+    /// CUDA driver version.
+    pub cuda_driver_version: CudaVersion,
+    /// GPUs in NVML index order.
+    pub gpus: Vec<Gpu>,
+}
+
+impl Inventory {
+    /// The GPU or MIG device with this UUID, as `(gpu, Some(mig))` or `(gpu, None)`.
+    pub fn find_uuid(&self, uuid: &str) -> Option<(&Gpu, Option<&MigDevice>)> {
+        self.gpus.iter().find_map(|g| {
+            if g.uuid == uuid {
+                return Some((g, None));
+            }
+            g.mig_devices
+                .iter()
+                .find(|m| m.uuid == uuid)
+                .map(|m| (g, Some(m)))
+        })
+    }
+}
+
+/// A `major.minor` version (CUDA driver, compute capability).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CudaVersion {
+    /// Major part.
+    pub major: u32,
+    /// Minor part.
+    pub minor: u32,
+}
+
+impl CudaVersion {
+    /// Decodes NVML's CUDA driver version integer (`major * 1000 + minor * 10`).
+    pub fn from_nvml(value: i32) -> Self {
+        let value = value.max(0) as u32;
+        Self {
+            major: value / 1000,
+            minor: (value % 1000) / 10,
+        }
+    }
+}
+
+impl fmt::Display for CudaVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// MIG state of a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigMode {
+    /// The GPU cannot do MIG.
+    NotSupported,
+    /// MIG capable, MIG off.
+    Disabled,
+    /// MIG on.
+    Enabled,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// NVML index.
+    pub index: u32,
+    /// Minor number (`/dev/nvidia<minor>`); device names use it.
+    pub minor: u32,
+    /// `GPU-...` UUID.
+    pub uuid: String,
+    /// Product name (`NVIDIA A100-SXM4-40GB`).
+    pub product_name: String,
+    /// Brand (`Nvidia`, `Tesla`, ...).
+    pub brand: String,
+    /// Architecture (`Ampere`, `Hopper`, `Ada Lovelace`, ...).
+    pub architecture: String,
+    /// CUDA compute capability.
+    pub cuda_compute_capability: CudaVersion,
+    /// Framebuffer bytes; `None` where NVML does not report memory.
+    pub memory_bytes: Option<u64>,
+    /// PCI bus id, lower case with a 4-digit domain (`0000:07:00.0`).
+    pub pci_bus_id: String,
+    /// MIG state.
+    pub mig_mode: MigMode,
+    /// MIG devices present (empty unless MIG is on).
+    pub mig_devices: Vec<MigDevice>,
+}
+
+/// One MIG device present on a GPU.
+///
+/// GPU- and compute-instance ids and the placement are not here: `nvml-wrapper` 0.13 has no safe
+/// call for them (and its placement query returns an empty list), and this crate forbids unsafe code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigDevice {
+    /// UUID of the parent GPU.
+    pub parent_uuid: String,
+    /// Minor number of the parent GPU.
+    pub parent_minor: u32,
+    /// Position among the parent's MIG devices.
+    pub index: u32,
+    /// `MIG-...` UUID.
+    pub uuid: String,
+    /// Profile name (`1g.5gb`, `1g.5gb+me`, ...).
+    pub profile: String,
+    /// The GPU-instance profile id NVML reports for that profile (`nvidia-smi mig -lgip` ID).
+    pub gpu_instance_profile_id: u32,
+    /// Compute slices.
+    pub slices: u32,
+    /// Memory bytes.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Copy engines.
+    pub copy_engines: u32,
+    /// Video decoders.
+    pub decoders: u32,
+    /// Video encoders.
+    pub encoders: u32,
+    /// JPEG engines.
+    pub jpeg_engines: u32,
+    /// Optical-flow accelerators.
+    pub ofa_engines: u32,
+}
+
+/// Normalises an NVML bus id (`00000000:07:00.0`) to the form Kubernetes attributes use
+/// (`0000:07:00.0`).
+pub fn normalise_pci_bus_id(bus_id: &str) -> String {
+    let lower = bus_id.trim().to_ascii_lowercase();
+    match lower.split_once(':') {
+        Some((domain, rest)) if domain.len() == 8 && domain.starts_with("0000") => {
+            format!("{}:{rest}", &domain[4..])
+        }
+        _ => lower,
+    }
+}
+
+/// The profile name in a MIG device's NVML name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb` → `1g.5gb`).
+pub fn mig_profile_from_name(name: &str) -> Option<&str> {
+    name.rsplit_once("MIG ")
+        .map(|(_, p)| p.trim())
+        .filter(|p| !p.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_versions_decode() {
+        assert_eq!(CudaVersion::from_nvml(13000).to_string(), "13.0");
+        assert_eq!(CudaVersion::from_nvml(12040).to_string(), "12.4");
+    }
+
+    #[test]
+    fn bus_ids_normalise() {
+        assert_eq!(normalise_pci_bus_id("00000000:0F:00.0"), "0000:0f:00.0");
+        assert_eq!(normalise_pci_bus_id("0001:0f:00.0"), "0001:0f:00.0");
+    }
+
+    #[test]
+    fn mig_profiles_come_from_names() {
+        assert_eq!(
+            mig_profile_from_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me"),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(mig_profile_from_name("NVIDIA L4"), None);
+    }
+}

@@ -1,0 +1,406 @@
+//! An NVML session opened from a driver root's library, and what it reads.
+
+use crate::model::{self, CudaVersion, Gpu, Inventory, MigDevice, MigMode};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::InitFlags;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::Brand;
+use nvml_wrapper::enums::device::DeviceArchitecture;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError as RawError;
+use nvml_wrapper::struct_wrappers::device::{DeviceAttributes, ProfileInfo};
+use nvml_wrapper::{Device, EventSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT` of the NVML header nvml-wrapper 0.13 is built from.
+const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
+
+/// How NVML is initialised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitMode {
+    /// Initialise NVML and attach the GPUs.
+    Full,
+    /// Initialise without touching GPUs (`NVML_INIT_FLAG_NO_GPUS | NO_ATTACH`), for GPUs bound to
+    /// vfio-pci; only system queries (driver version) are meaningful then.
+    NoGpus,
+}
+
+/// An NVML failure, with the library it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlError {
+    /// The library could not be loaded (missing, not ELF, missing `nvmlInit`).
+    #[error("cannot load NVML from {library}: {source}")]
+    Load {
+        /// The library path.
+        library: PathBuf,
+        /// nvml-wrapper's error.
+        source: RawError,
+    },
+    /// `nvmlInit` found no kernel driver.
+    #[error("NVML from {library}: the NVIDIA kernel driver is not loaded")]
+    DriverNotLoaded {
+        /// The library path.
+        library: PathBuf,
+    },
+    /// The library and the kernel module are different driver versions.
+    #[error(
+        "NVML from {library}: library and kernel module versions differ (NVML_ERROR_LIB_RM_VERSION_MISMATCH)"
+    )]
+    VersionMismatch {
+        /// The library path.
+        library: PathBuf,
+    },
+    /// No permission to talk to the driver.
+    #[error("NVML from {library}: no permission to access the NVIDIA driver")]
+    NoPermission {
+        /// The library path.
+        library: PathBuf,
+    },
+    /// A GPU has fallen off the bus.
+    #[error("NVML from {library}: GPU {device} is lost (NVML_ERROR_GPU_IS_LOST)")]
+    GpuLost {
+        /// The library path.
+        library: PathBuf,
+        /// The GPU (index or UUID).
+        device: String,
+    },
+    /// Any other failed call.
+    #[error("NVML from {library}: {call} on {device} failed: {source}")]
+    Call {
+        /// The library path.
+        library: PathBuf,
+        /// The nvml-wrapper method.
+        call: &'static str,
+        /// What it was called on.
+        device: String,
+        /// nvml-wrapper's error.
+        source: RawError,
+    },
+}
+
+/// An open NVML, loaded from one library file; shut down on drop.
+#[derive(Debug)]
+pub struct NvmlSession {
+    nvml: Nvml,
+    library: PathBuf,
+}
+
+/// A device event read from an [`EventWatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceEvent {
+    /// UUID of the GPU the event is about.
+    pub uuid: String,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// Kinds of device events watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A critical XID error, with its number when NVML knows it.
+    Xid(Option<u64>),
+    /// A double-bit ECC error.
+    DoubleBitEcc,
+    /// A single-bit ECC error.
+    SingleBitEcc,
+}
+
+/// Registered interest in XID and ECC events of every GPU of a session.
+#[derive(Debug)]
+pub struct EventWatch<'a> {
+    session: &'a NvmlSession,
+    set: EventSet<'a>,
+}
+
+impl NvmlSession {
+    /// Loads `library` (an absolute path, so the default search path is never used) and
+    /// initialises NVML.
+    pub fn open(library: &Path, mode: InitMode) -> Result<Self, NvmlError> {
+        let flags = match mode {
+            InitMode::Full => InitFlags::empty(),
+            InitMode::NoGpus => InitFlags::NO_GPUS | InitFlags::NO_ATTACH,
+        };
+        let nvml = Nvml::builder()
+            .lib_path(library.as_os_str())
+            .flags(flags)
+            .init()
+            .map_err(|e| init_error(library, e))?;
+        Ok(Self {
+            nvml,
+            library: library.to_path_buf(),
+        })
+    }
+
+    /// The library this session was loaded from.
+    pub fn library(&self) -> &Path {
+        &self.library
+    }
+
+    /// Driver version.
+    pub fn driver_version(&self) -> Result<String, NvmlError> {
+        self.nvml
+            .sys_driver_version()
+            .map_err(|e| self.err("sys_driver_version", "system", e))
+    }
+
+    /// CUDA driver version.
+    pub fn cuda_driver_version(&self) -> Result<CudaVersion, NvmlError> {
+        self.nvml
+            .sys_cuda_driver_version()
+            .map(CudaVersion::from_nvml)
+            .map_err(|e| self.err("sys_cuda_driver_version", "system", e))
+    }
+
+    /// Number of GPUs.
+    pub fn device_count(&self) -> Result<u32, NvmlError> {
+        self.nvml
+            .device_count()
+            .map_err(|e| self.err("device_count", "system", e))
+    }
+
+    /// Reads every GPU and MIG device.
+    pub fn inventory(&self) -> Result<Inventory, NvmlError> {
+        let gpus = (0..self.device_count()?)
+            .map(|i| self.gpu(i))
+            .collect::<Result<_, _>>()?;
+        Ok(Inventory {
+            driver_version: self.driver_version()?,
+            cuda_driver_version: self.cuda_driver_version()?,
+            gpus,
+        })
+    }
+
+    /// Starts watching XID and ECC events (those each GPU supports) on every GPU.
+    pub fn watch_events(&self) -> Result<EventWatch<'_>, NvmlError> {
+        let wanted = EventTypes::CRITICAL_XID_ERROR
+            | EventTypes::DOUBLE_BIT_ECC_ERROR
+            | EventTypes::SINGLE_BIT_ECC_ERROR;
+        let mut set = self
+            .nvml
+            .create_event_set()
+            .map_err(|e| self.err("create_event_set", "system", e))?;
+        for index in 0..self.device_count()? {
+            let what = format!("GPU {index}");
+            let device = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| self.err("device_by_index", &what, e))?;
+            let supported = device
+                .supported_event_types()
+                .map_err(|e| self.err("supported_event_types", &what, e))?;
+            set = device
+                .register_events(wanted & supported, set)
+                .map_err(|e| self.err("register_events", &what, e.error))?;
+        }
+        Ok(EventWatch { session: self, set })
+    }
+
+    fn gpu(&self, index: u32) -> Result<Gpu, NvmlError> {
+        let what = format!("GPU {index}");
+        let call = |name, e| self.err(name, &what, e);
+        let device = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| call("device_by_index", e))?;
+        let uuid = device.uuid().map_err(|e| call("uuid", e))?;
+        let cc = device
+            .cuda_compute_capability()
+            .map_err(|e| call("cuda_compute_capability", e))?;
+        let memory_bytes = match device.memory_info() {
+            Ok(m) => Some(m.total),
+            Err(RawError::NotSupported) => None,
+            Err(e) => return Err(call("memory_info", e)),
+        };
+        let mig_mode = match device.mig_mode() {
+            Ok(m) if m.current == 1 => MigMode::Enabled,
+            Ok(_) => MigMode::Disabled,
+            Err(RawError::NotSupported) => MigMode::NotSupported,
+            Err(e) => return Err(call("mig_mode", e)),
+        };
+        let minor = device.minor_number().map_err(|e| call("minor_number", e))?;
+        let mig_devices = match mig_mode {
+            MigMode::Enabled => self.mig_devices(&device, &uuid, minor)?,
+            _ => Vec::new(),
+        };
+        Ok(Gpu {
+            index,
+            minor,
+            product_name: device.name().map_err(|e| call("name", e))?,
+            brand: brand_name(device.brand().map_err(|e| call("brand", e))?),
+            architecture: architecture_name(
+                device.architecture().map_err(|e| call("architecture", e))?,
+            ),
+            cuda_compute_capability: CudaVersion {
+                major: cc.major as u32,
+                minor: cc.minor as u32,
+            },
+            memory_bytes,
+            pci_bus_id: model::normalise_pci_bus_id(
+                &device.pci_info().map_err(|e| call("pci_info", e))?.bus_id,
+            ),
+            mig_mode,
+            mig_devices,
+            uuid,
+        })
+    }
+
+    fn mig_devices(
+        &self,
+        parent: &Device<'_>,
+        parent_uuid: &str,
+        parent_minor: u32,
+    ) -> Result<Vec<MigDevice>, NvmlError> {
+        let call = |name, e| self.err(name, parent_uuid, e);
+        let profiles: Vec<ProfileInfo> = (0..GPU_INSTANCE_PROFILE_COUNT)
+            .filter_map(|i| parent.profile_info(i).ok())
+            .collect();
+        let max = parent
+            .mig_device_count()
+            .map_err(|e| call("mig_device_count", e))?;
+        let mut found = Vec::new();
+        for slot in 0..max {
+            let mig = match parent.mig_device_by_index(slot) {
+                Ok(d) => d,
+                Err(RawError::NotFound) => continue,
+                Err(e) => return Err(call("mig_device_by_index", e)),
+            };
+            found.push(self.mig_device(&mig, slot, parent_uuid, parent_minor, &profiles)?);
+        }
+        Ok(found)
+    }
+
+    fn mig_device(
+        &self,
+        mig: &Device<'_>,
+        slot: u32,
+        parent_uuid: &str,
+        parent_minor: u32,
+        profiles: &[ProfileInfo],
+    ) -> Result<MigDevice, NvmlError> {
+        let what = format!("MIG device {slot} of {parent_uuid}");
+        let call = |name, e| self.err(name, &what, e);
+        let uuid = mig.uuid().map_err(|e| call("uuid", e))?;
+        let name = mig.name().map_err(|e| call("name", e))?;
+        let attrs = mig.attributes().map_err(|e| call("attributes", e))?;
+        let profile = model::mig_profile_from_name(&name)
+            .unwrap_or_default()
+            .to_owned();
+        let gpu_instance_profile_id = profiles
+            .iter()
+            .find(|p| same_profile(p, &attrs))
+            .map(|p| p.id)
+            .ok_or_else(|| call("profile_info", RawError::NotFound))?;
+        Ok(MigDevice {
+            parent_uuid: parent_uuid.to_owned(),
+            parent_minor,
+            index: slot,
+            profile,
+            gpu_instance_profile_id,
+            slices: attrs.gpu_instance_slice_count,
+            memory_bytes: mig.memory_info().map_err(|e| call("memory_info", e))?.total,
+            multiprocessors: attrs.multiprocessor_count,
+            copy_engines: attrs.shared_copy_engine_count,
+            decoders: attrs.shared_decoder_count,
+            encoders: attrs.shared_encoder_count,
+            jpeg_engines: attrs.shared_jpeg_count,
+            ofa_engines: attrs.shared_ofa_count,
+            uuid,
+        })
+    }
+
+    fn err(&self, call: &'static str, device: &str, e: RawError) -> NvmlError {
+        let library = self.library.clone();
+        match e {
+            RawError::GpuLost => NvmlError::GpuLost {
+                library,
+                device: device.to_owned(),
+            },
+            RawError::DriverNotLoaded => NvmlError::DriverNotLoaded { library },
+            RawError::LibRmVersionMismatch => NvmlError::VersionMismatch { library },
+            RawError::NoPermission => NvmlError::NoPermission { library },
+            source => NvmlError::Call {
+                library,
+                call,
+                device: device.to_owned(),
+                source,
+            },
+        }
+    }
+}
+
+impl EventWatch<'_> {
+    /// The next event, or `None` when none arrives within `timeout`.
+    pub fn next(&self, timeout: Duration) -> Result<Option<DeviceEvent>, NvmlError> {
+        let millis = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        let data = match self.set.wait(millis) {
+            Ok(d) => d,
+            Err(RawError::Timeout) => return Ok(None),
+            Err(e) => return Err(self.session.err("event wait", "event set", e)),
+        };
+        let uuid = data
+            .device
+            .uuid()
+            .map_err(|e| self.session.err("uuid", "event device", e))?;
+        let kind = if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+            EventKind::Xid(match data.event_data {
+                Some(XidError::Value(v)) => Some(v),
+                _ => None,
+            })
+        } else if data.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+            EventKind::DoubleBitEcc
+        } else {
+            EventKind::SingleBitEcc
+        };
+        Ok(Some(DeviceEvent { uuid, kind }))
+    }
+}
+
+fn same_profile(p: &ProfileInfo, a: &DeviceAttributes) -> bool {
+    (
+        p.slice_count,
+        p.memory_size_mb,
+        p.multiprocessor_count,
+        p.decoder_count,
+        p.jpeg_count,
+        p.ofa_count,
+    ) == (
+        a.gpu_instance_slice_count,
+        a.memory_size_mb,
+        a.multiprocessor_count,
+        a.shared_decoder_count,
+        a.shared_jpeg_count,
+        a.shared_ofa_count,
+    )
+}
+
+fn init_error(library: &Path, e: RawError) -> NvmlError {
+    let library = library.to_path_buf();
+    match e {
+        RawError::DriverNotLoaded => NvmlError::DriverNotLoaded { library },
+        RawError::LibRmVersionMismatch => NvmlError::VersionMismatch { library },
+        RawError::NoPermission => NvmlError::NoPermission { library },
+        source @ (RawError::LibloadingError(_) | RawError::FailedToLoadSymbol(_)) => {
+            NvmlError::Load { library, source }
+        }
+        source => NvmlError::Call {
+            library,
+            call: "init",
+            device: "system".into(),
+            source,
+        },
+    }
+}
+
+/// Brand as the DRA `brand` attribute spells it.
+fn brand_name(brand: Brand) -> String {
+    format!("{brand:?}")
+}
+
+/// Architecture as the DRA `architecture` attribute spells it.
+fn architecture_name(arch: DeviceArchitecture) -> String {
+    match arch {
+        DeviceArchitecture::Ada => "Ada Lovelace".to_owned(),
+        other => format!("{other:?}"),
+    }
+}

@@ -1,0 +1,344 @@
+//! Driver-root probing: where the NVIDIA driver lives and the paths the rest of the node needs.
+//!
+//! The host root (the host's `/`, mounted in this container) is searched first, then the container
+//! driver root (a driver container's install dir, mounted here). A root has a driver when
+//! `libnvidia-ml.so.1` is found in one of [`LIBRARY_DIRS`] as a non-empty regular file after
+//! symlinks are followed inside the root. The dev root is the driver root when it has a `dev/`
+//! directory, else the host's `/`.
+
+use crate::driver_ready::DriverReady;
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+
+/// The NVML library file name looked for.
+pub const LIBRARY_NAME: &str = "libnvidia-ml.so.1";
+/// Library search dirs, relative to a root, in search order.
+pub const LIBRARY_DIRS: [&str; 7] = [
+    "/",
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+];
+/// `nvidia-smi` search dirs, relative to a root, in search order.
+pub const SMI_DIRS: [&str; 5] = ["/opt/bin", "/usr/bin", "/usr/sbin", "/bin", "/sbin"];
+
+/// Default mount of the host's `/` in the validator and plugin containers.
+pub const DEFAULT_HOST_ROOT: &str = "/host";
+/// Default host path of a containerized driver's root.
+pub const DEFAULT_DRIVER_INSTALL_DIR: &str = "/run/nvidia/driver";
+/// Default mount of the container driver root in the validator and plugin containers.
+pub const DEFAULT_DRIVER_INSTALL_DIR_CTR_PATH: &str = "/driver-root";
+
+/// Where to look: the mounts of this container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSettings {
+    /// Where the host's `/` is mounted in this container.
+    pub host_root: PathBuf,
+    /// Host path of the container driver root.
+    pub driver_install_dir: PathBuf,
+    /// Where the container driver root is mounted in this container.
+    pub driver_install_dir_ctr_path: PathBuf,
+}
+
+impl Default for ProbeSettings {
+    fn default() -> Self {
+        Self {
+            host_root: DEFAULT_HOST_ROOT.into(),
+            driver_install_dir: DEFAULT_DRIVER_INSTALL_DIR.into(),
+            driver_install_dir_ctr_path: DEFAULT_DRIVER_INSTALL_DIR_CTR_PATH.into(),
+        }
+    }
+}
+
+/// Which root the driver was found in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverLocation {
+    /// Installed on the host.
+    Host,
+    /// Installed by a driver container under its install dir.
+    Container,
+}
+
+/// A found driver: its root seen from the host and from this container, the dev root, and files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverRoot {
+    /// Host or container driver.
+    pub location: DriverLocation,
+    /// The driver root as a host path (`/` or the install dir).
+    pub driver_root: PathBuf,
+    /// The driver root as this container sees it.
+    pub driver_root_ctr_path: PathBuf,
+    /// The dev root as a host path.
+    pub dev_root: PathBuf,
+    /// The dev root as this container sees it.
+    pub dev_root_ctr_path: PathBuf,
+    /// `libnvidia-ml.so.1`, symlinks resolved, as this container sees it.
+    pub nvml_library: PathBuf,
+    /// `nvidia-smi`, when the root has one.
+    pub nvidia_smi: Option<PathBuf>,
+}
+
+impl DriverRoot {
+    /// The `driver-ready` file contents for this driver.
+    pub fn driver_ready(&self) -> DriverReady {
+        DriverReady {
+            is_host_driver: self.location == DriverLocation::Host,
+            nvidia_driver_root: self.driver_root.clone(),
+            driver_root_ctr_path: self.driver_root_ctr_path.clone(),
+            nvidia_dev_root: self.dev_root.clone(),
+            dev_root_ctr_path: self.dev_root_ctr_path.clone(),
+        }
+    }
+}
+
+/// One root that was searched without success, with every path looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchedRoot {
+    /// What the root is (`host root`, `container driver root`).
+    pub role: &'static str,
+    /// The root as this container sees it.
+    pub root: PathBuf,
+    /// Every candidate path looked at, in order.
+    pub searched: Vec<PathBuf>,
+    /// Candidates that exist but were rejected, with the reason.
+    pub rejected: Vec<(PathBuf, String)>,
+}
+
+impl fmt::Display for SearchedRoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let paths: Vec<_> = self
+            .searched
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        write!(
+            f,
+            "{} {}: no {LIBRARY_NAME} in {}",
+            self.role,
+            self.root.display(),
+            paths.join(", ")
+        )?;
+        for (path, why) in &self.rejected {
+            write!(f, "; {} rejected: {why}", path.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// No driver in either root.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no NVIDIA driver found: {host}; {container}")]
+pub struct ProbeError {
+    /// The host root search.
+    pub host: Box<SearchedRoot>,
+    /// The container driver root search.
+    pub container: Box<SearchedRoot>,
+}
+
+/// Probes the host root, then the container driver root.
+pub fn probe(settings: &ProbeSettings) -> Result<DriverRoot, ProbeError> {
+    let host = match find_library(&settings.host_root, "host root") {
+        Ok(library) => return Ok(host_driver(settings, library)),
+        Err(searched) => searched,
+    };
+    match find_library(
+        &settings.driver_install_dir_ctr_path,
+        "container driver root",
+    ) {
+        Ok(library) => Ok(container_driver(settings, library)),
+        Err(container) => Err(ProbeError {
+            host: Box::new(host),
+            container: Box::new(container),
+        }),
+    }
+}
+
+fn host_driver(settings: &ProbeSettings, nvml_library: PathBuf) -> DriverRoot {
+    let root = &settings.host_root;
+    DriverRoot {
+        location: DriverLocation::Host,
+        driver_root: "/".into(),
+        driver_root_ctr_path: root.clone(),
+        // The host's `/` is the dev root whether or not it has `dev/`.
+        dev_root: "/".into(),
+        dev_root_ctr_path: root.clone(),
+        nvidia_smi: find_smi(root),
+        nvml_library,
+    }
+}
+
+fn container_driver(settings: &ProbeSettings, nvml_library: PathBuf) -> DriverRoot {
+    let root = &settings.driver_install_dir_ctr_path;
+    let (dev_root, dev_root_ctr_path) = if root.join("dev").is_dir() {
+        (settings.driver_install_dir.clone(), root.clone())
+    } else {
+        (PathBuf::from("/"), settings.host_root.clone())
+    };
+    DriverRoot {
+        location: DriverLocation::Container,
+        driver_root: settings.driver_install_dir.clone(),
+        driver_root_ctr_path: root.clone(),
+        dev_root,
+        dev_root_ctr_path,
+        nvidia_smi: find_smi(root),
+        nvml_library,
+    }
+}
+
+/// Finds `libnvidia-ml.so.1` under `root`, or says where it looked.
+pub fn find_library(root: &Path, role: &'static str) -> Result<PathBuf, SearchedRoot> {
+    let mut searched = Vec::new();
+    let mut rejected = Vec::new();
+    for dir in LIBRARY_DIRS {
+        let candidate = under(root, Path::new(dir)).join(LIBRARY_NAME);
+        match usable_file(root, &candidate) {
+            Ok(Some(found)) => return Ok(found),
+            Ok(None) => {}
+            Err(why) => rejected.push((candidate.clone(), why)),
+        }
+        searched.push(candidate);
+    }
+    Err(SearchedRoot {
+        role,
+        root: root.to_path_buf(),
+        searched,
+        rejected,
+    })
+}
+
+fn find_smi(root: &Path) -> Option<PathBuf> {
+    SMI_DIRS.iter().find_map(|dir| {
+        usable_file(root, &under(root, Path::new(dir)).join("nvidia-smi"))
+            .ok()
+            .flatten()
+    })
+}
+
+/// `Ok(None)` when nothing is there; `Err` when something is there but unusable.
+fn usable_file(root: &Path, candidate: &Path) -> Result<Option<PathBuf>, String> {
+    if std::fs::symlink_metadata(candidate).is_err() {
+        return Ok(None);
+    }
+    let resolved = resolve_in_root(root, candidate)?;
+    let meta = std::fs::metadata(&resolved)
+        .map_err(|e| format!("resolves to {}: {e}", resolved.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", resolved.display()));
+    }
+    if meta.len() == 0 {
+        return Err(format!("{} is empty", resolved.display()));
+    }
+    Ok(Some(resolved))
+}
+
+/// `path` (absolute, as seen inside the root) placed under `root`.
+fn under(root: &Path, path: &Path) -> PathBuf {
+    let relative: PathBuf = path
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    root.join(relative)
+}
+
+/// Follows symlinks the way they resolve on the node: absolute targets are taken inside `root`.
+fn resolve_in_root(root: &Path, start: &Path) -> Result<PathBuf, String> {
+    let mut path = start.to_path_buf();
+    for _ in 0..40 {
+        let target = match std::fs::read_link(&path) {
+            Ok(target) => target,
+            Err(_) => return Ok(path),
+        };
+        path = if target.is_absolute() {
+            under(root, &target)
+        } else {
+            path.parent().unwrap_or(root).join(target)
+        };
+    }
+    Err(format!("too many symlinks from {}", start.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    fn settings(dir: &Path) -> ProbeSettings {
+        ProbeSettings {
+            host_root: dir.join("host"),
+            driver_install_dir: "/run/nvidia/driver".into(),
+            driver_install_dir_ctr_path: dir.join("driver-root"),
+        }
+    }
+
+    fn put(root: &Path, rel: &str, bytes: &[u8]) -> PathBuf {
+        let path = under(root, Path::new(rel));
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn an_absolute_symlink_resolves_inside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("host");
+        let real = put(&root, "/usr/lib64/libnvidia-ml.so.580.95.05", b"elf");
+        symlink(
+            "/usr/lib64/libnvidia-ml.so.580.95.05",
+            root.join("usr/lib64").join(LIBRARY_NAME),
+        )
+        .unwrap();
+        assert_eq!(probe(&settings(dir.path())).unwrap().nvml_library, real);
+    }
+
+    #[test]
+    fn empty_and_dangling_candidates_are_rejected_with_a_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("host");
+        put(&root, "/usr/lib64/libnvidia-ml.so.1", b"");
+        fs::create_dir_all(root.join("lib64")).unwrap();
+        symlink("/nowhere", root.join("lib64").join(LIBRARY_NAME)).unwrap();
+        let err = probe(&settings(dir.path())).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("usr/lib64/libnvidia-ml.so.1 is empty"),
+            "{text}"
+        );
+        assert!(text.contains("nowhere"), "{text}");
+        assert_eq!(err.host.searched.len(), LIBRARY_DIRS.len());
+        assert_eq!(err.container.searched.len(), LIBRARY_DIRS.len());
+    }
+
+    #[test]
+    fn the_container_dev_root_needs_a_dev_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = settings(dir.path());
+        put(
+            &s.driver_install_dir_ctr_path,
+            "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            b"elf",
+        );
+        let found = probe(&s).unwrap();
+        assert_eq!(
+            (found.dev_root.as_path(), found.dev_root_ctr_path.as_path()),
+            (Path::new("/"), s.host_root.as_path())
+        );
+        fs::create_dir(s.driver_install_dir_ctr_path.join("dev")).unwrap();
+        let found = probe(&s).unwrap();
+        assert_eq!(found.dev_root, s.driver_install_dir);
+        assert_eq!(found.dev_root_ctr_path, s.driver_install_dir_ctr_path);
+    }
+
+    #[test]
+    fn nvidia_smi_is_recorded_when_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = settings(dir.path());
+        put(&s.host_root, "/lib64/libnvidia-ml.so.1", b"elf");
+        assert_eq!(probe(&s).unwrap().nvidia_smi, None);
+        let smi = put(&s.host_root, "/usr/bin/nvidia-smi", b"#!");
+        assert_eq!(probe(&s).unwrap().nvidia_smi, Some(smi));
+    }
+}

@@ -1,0 +1,323 @@
+//! The real dlopen path: the mock NVML installed in fake driver roots, read through nvml-wrapper.
+
+use gpu_discovery::testing::{FakeNode, configure, mock_config};
+use gpu_discovery::{
+    DriverLocation, EventKind, InitMode, Inventory, MigMode, NvmlError, NvmlSession, root,
+};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn shipped_profile(name: &str) -> Value {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../mock-nvml/profiles/{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn shipped_names() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../mock-nvml/profiles");
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .path()
+                .file_stem()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+fn open(path: &Path) -> NvmlSession {
+    NvmlSession::open(path, InitMode::Full).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn inventory_of(node: &FakeNode) -> Inventory {
+    let found = root::probe(&node.settings()).unwrap();
+    open(&found.nvml_library).inventory().unwrap()
+}
+
+/// Checks an inventory against the profile file it was served from, field by field.
+fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
+    assert_eq!(inv.gpus.len(), gpus);
+    assert_eq!(inv.driver_version, p["driver_version"].as_str().unwrap());
+    let cuda = p["cuda_driver_version"].as_u64().unwrap();
+    assert_eq!(
+        u64::from(inv.cuda_driver_version.major * 1000 + inv.cuda_driver_version.minor * 10),
+        cuda
+    );
+    let arch = match p["architecture"].as_u64().unwrap() {
+        6 => "Turing",
+        7 => "Ampere",
+        8 => "Ada Lovelace",
+        9 => "Hopper",
+        10 => "Blackwell",
+        other => panic!("architecture {other} not expected in a shipped profile"),
+    };
+    let brand = match p["brand"].as_u64().unwrap() {
+        2 => "Tesla",
+        14 => "Nvidia",
+        other => panic!("brand {other} not expected in a shipped profile"),
+    };
+    let mig = &p["mig"];
+    for (i, gpu) in inv.gpus.iter().enumerate() {
+        assert_eq!((gpu.index, gpu.minor), (i as u32, i as u32));
+        assert_eq!(gpu.product_name, p["name"].as_str().unwrap());
+        assert_eq!(
+            gpu.memory_bytes,
+            Some(p["memory_mib"].as_u64().unwrap() * MIB)
+        );
+        let cc = &p["compute_capability"];
+        assert_eq!(
+            (
+                gpu.cuda_compute_capability.major,
+                gpu.cuda_compute_capability.minor
+            ),
+            (
+                cc[0].as_u64().unwrap() as u32,
+                cc[1].as_u64().unwrap() as u32
+            )
+        );
+        assert_eq!(
+            (gpu.architecture.as_str(), gpu.brand.as_str()),
+            (arch, brand)
+        );
+        assert!(gpu.uuid.starts_with("GPU-"));
+        assert!(
+            gpu.pci_bus_id.starts_with("0000:") && gpu.pci_bus_id == gpu.pci_bus_id.to_lowercase()
+        );
+        let expected_mode = match mig["enabled"].as_bool() {
+            None => MigMode::NotSupported,
+            Some(false) => MigMode::Disabled,
+            Some(true) => MigMode::Enabled,
+        };
+        assert_eq!(gpu.mig_mode, expected_mode);
+        let layout = if expected_mode == MigMode::Enabled {
+            mig["layout"].as_array().unwrap().clone()
+        } else {
+            vec![]
+        };
+        assert_eq!(
+            gpu.mig_devices.len(),
+            layout.len(),
+            "MIG devices of GPU {i}"
+        );
+        for (entry, dev) in layout.iter().zip(&gpu.mig_devices) {
+            let gi = mig["profiles"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["name"] == entry["profile"])
+                .unwrap();
+            assert_eq!(dev.profile, gi["name"].as_str().unwrap());
+            assert_eq!(
+                u64::from(dev.gpu_instance_profile_id),
+                gi["id"].as_u64().unwrap()
+            );
+            assert_eq!(dev.memory_bytes, gi["memory_mib"].as_u64().unwrap() * MIB);
+            assert_eq!(
+                u64::from(dev.multiprocessors),
+                gi["multiprocessors"].as_u64().unwrap()
+            );
+            assert_eq!(u64::from(dev.slices), gi["slices"].as_u64().unwrap());
+            assert_eq!(
+                u64::from(dev.copy_engines),
+                gi["copy_engines"].as_u64().unwrap()
+            );
+            assert_eq!(u64::from(dev.decoders), gi["decoders"].as_u64().unwrap());
+            assert_eq!(u64::from(dev.jpeg_engines), gi["jpeg"].as_u64().unwrap());
+            assert_eq!(u64::from(dev.ofa_engines), gi["ofa"].as_u64().unwrap());
+            assert_eq!(
+                (dev.parent_uuid.as_str(), dev.parent_minor),
+                (gpu.uuid.as_str(), gpu.minor)
+            );
+            assert!(dev.uuid.starts_with("MIG-"));
+        }
+    }
+}
+
+#[test]
+fn every_shipped_profile_is_served_as_written_from_a_host_root() {
+    let names = shipped_names();
+    assert_eq!(names.len(), 8, "{names:?}");
+    for name in names {
+        let node = FakeNode::new();
+        node.install_host_driver(&mock_config(&name, 2));
+        assert_matches_profile(&inventory_of(&node), &shipped_profile(&name), 2);
+    }
+}
+
+#[test]
+fn a_container_driver_root_serves_the_mixed_mig_layout() {
+    let node = FakeNode::new();
+    node.install_container_driver(&mock_config("a100-sxm4-40gb-mig-mixed", 3), true);
+    let found = root::probe(&node.settings()).unwrap();
+    assert_eq!(found.location, DriverLocation::Container);
+    let inv = open(&found.nvml_library).inventory().unwrap();
+    assert_matches_profile(&inv, &shipped_profile("a100-sxm4-40gb-mig-mixed"), 3);
+    let mig = &inv.gpus[1].mig_devices[2];
+    assert_eq!(
+        inv.find_uuid(&mig.uuid)
+            .map(|(g, m)| (g.index, m.map(|m| m.profile.as_str()))),
+        Some((1, Some("1g.5gb")))
+    );
+}
+
+#[test]
+fn the_host_driver_wins_over_the_container_driver() {
+    let node = FakeNode::new();
+    node.install_container_driver(&mock_config("h100-sxm5-80gb", 1), true);
+    node.install_host_driver(&mock_config("l4", 1));
+    let found = root::probe(&node.settings()).unwrap();
+    assert_eq!(found.location, DriverLocation::Host);
+    assert!(found.nvml_library.starts_with(node.host_root()));
+    assert_eq!(
+        open(&found.nvml_library).inventory().unwrap().gpus[0].product_name,
+        "NVIDIA L4"
+    );
+}
+
+#[test]
+fn a_node_without_nvml_names_every_path_searched() {
+    let node = FakeNode::new();
+    let err = root::probe(&node.settings()).unwrap_err();
+    let text = err.to_string();
+    for dir in root::LIBRARY_DIRS {
+        let rel = dir.trim_start_matches('/');
+        for base in [node.host_root(), node.driver_root()] {
+            let path = base.join(rel).join(root::LIBRARY_NAME);
+            assert!(
+                text.contains(&path.display().to_string()),
+                "{} missing from: {text}",
+                path.display()
+            );
+        }
+    }
+}
+
+fn init_fault(fault: &str) -> NvmlError {
+    let node = FakeNode::new();
+    let lib = node.install_host_driver(&json!({"profile": "t4", "faults": {"init_error": fault}}));
+    let err = NvmlSession::open(&lib, InitMode::Full).unwrap_err();
+    assert!(
+        err.to_string().contains(&lib.display().to_string()),
+        "{err}"
+    );
+    err
+}
+
+#[test]
+fn init_faults_surface_as_typed_errors() {
+    assert!(matches!(
+        init_fault("driver-not-loaded"),
+        NvmlError::DriverNotLoaded { .. }
+    ));
+    assert!(matches!(
+        init_fault("version-mismatch"),
+        NvmlError::VersionMismatch { .. }
+    ));
+    assert!(matches!(
+        init_fault("no-permission"),
+        NvmlError::NoPermission { .. }
+    ));
+}
+
+#[test]
+fn a_file_that_is_not_a_library_is_a_load_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libnvidia-ml.so.1");
+    std::fs::write(&lib, b"not an ELF file").unwrap();
+    assert!(matches!(
+        NvmlSession::open(&lib, InitMode::Full),
+        Err(NvmlError::Load { .. })
+    ));
+}
+
+#[test]
+fn a_lost_gpu_surfaces_as_gpu_lost_even_when_lost_after_init() {
+    let node = FakeNode::new();
+    let lib = node.install_host_driver(
+        &json!({"profile": "h200", "gpu_count": 3, "faults": {"lost_gpus": [1]}}),
+    );
+    let session = open(&lib);
+    match session.inventory() {
+        Err(NvmlError::GpuLost { device, .. }) => assert_eq!(device, "GPU 1"),
+        other => panic!("expected GpuLost, got {other:?}"),
+    }
+    configure(&node.host_root(), &mock_config("h200", 3));
+    assert_eq!(session.inventory().unwrap().gpus.len(), 3);
+    configure(
+        &node.host_root(),
+        &json!({"profile": "h200", "gpu_count": 3, "faults": {"lost_gpus": [2]}}),
+    );
+    assert!(
+        matches!(session.inventory(), Err(NvmlError::GpuLost { device, .. }) if device == "GPU 2")
+    );
+}
+
+#[test]
+fn queued_and_later_xid_events_reach_the_watcher() {
+    let node = FakeNode::new();
+    let lib = node.install_host_driver(&json!({"profile": "a100-sxm4-80gb", "gpu_count": 2,
+        "faults": {"xid_events": [{"gpu": 1, "xid": 79}]}}));
+    let session = open(&lib);
+    let uuids: Vec<_> = session
+        .inventory()
+        .unwrap()
+        .gpus
+        .into_iter()
+        .map(|g| g.uuid)
+        .collect();
+    let watch = session.watch_events().unwrap();
+    let event = watch
+        .next(Duration::from_secs(5))
+        .unwrap()
+        .expect("queued XID");
+    assert_eq!(
+        (event.uuid.as_str(), event.kind),
+        (uuids[1].as_str(), EventKind::Xid(Some(79)))
+    );
+    assert_eq!(watch.next(Duration::from_millis(10)).unwrap(), None);
+    configure(
+        &node.host_root(),
+        &json!({"profile": "a100-sxm4-80gb", "gpu_count": 2,
+        "faults": {"xid_events": [{"gpu": 0, "xid": 48}]}}),
+    );
+    let event = watch
+        .next(Duration::from_secs(5))
+        .unwrap()
+        .expect("injected XID");
+    assert_eq!(
+        (event.uuid.as_str(), event.kind),
+        (uuids[0].as_str(), EventKind::Xid(Some(48)))
+    );
+}
+
+#[test]
+fn one_session_serves_many_threads() {
+    let node = FakeNode::new();
+    let lib = node.install_host_driver(&mock_config("a100-sxm4-40gb-mig-mixed", 8));
+    let session = open(&lib);
+    let first = session.inventory().unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| session.inventory().unwrap()))
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), first);
+        }
+    });
+}
+
+#[test]
+fn no_gpu_mode_reads_the_driver_version() {
+    let node = FakeNode::new();
+    let lib = node.install_host_driver(&mock_config("gb200", 4));
+    let session = NvmlSession::open(&lib, InitMode::NoGpus).unwrap();
+    assert_eq!(session.driver_version().unwrap(), "580.95.05");
+}

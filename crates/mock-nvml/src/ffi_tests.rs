@@ -1,0 +1,204 @@
+//! The exported functions called in-process, the way a C caller would, against shipped profiles.
+
+use crate::config::{Config, Faults, XidEvent};
+use crate::ffi::*;
+use crate::state;
+use nvml_wrapper_sys::bindings::*;
+use std::ffi::{CStr, CString, c_char, c_uint};
+use std::ptr::null_mut;
+use std::sync::{Mutex, MutexGuard};
+
+/// The library state is process-wide, so these tests take turns.
+static TURN: Mutex<()> = Mutex::new(());
+
+struct Session(#[allow(dead_code)] MutexGuard<'static, ()>);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        while nvmlShutdown() == nvmlReturn_enum_NVML_SUCCESS {}
+    }
+}
+
+fn start(profile: &str, gpu_count: u32, faults: Faults) -> Session {
+    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let cfg = Config { profile: Some(profile.into()), gpu_count: Some(gpu_count), faults };
+    assert_eq!(state::init_with(cfg), nvmlReturn_enum_NVML_SUCCESS);
+    Session(turn)
+}
+
+fn device(index: c_uint) -> nvmlDevice_t {
+    let mut d = null_mut();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { nvmlDeviceGetHandleByIndex_v2(index, &mut d) }, nvmlReturn_enum_NVML_SUCCESS);
+    d
+}
+
+fn uuid(d: nvmlDevice_t) -> String {
+    let mut buf = [0 as c_char; 96];
+    // SAFETY: `buf` holds 96 bytes.
+    assert_eq!(unsafe { nvmlDeviceGetUUID(d, buf.as_mut_ptr(), 96) }, nvmlReturn_enum_NVML_SUCCESS);
+    // SAFETY: NUL-terminated by the call.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+fn mig(parent: nvmlDevice_t, index: c_uint) -> Result<nvmlDevice_t, nvmlReturn_t> {
+    let mut d = null_mut();
+    // SAFETY: valid out-pointer.
+    match unsafe { nvmlDeviceGetMigDeviceHandleByIndex(parent, index, &mut d) } {
+        nvmlReturn_enum_NVML_SUCCESS => Ok(d),
+        e => Err(e),
+    }
+}
+
+#[test]
+fn mig_devices_report_their_instance_ids_and_placements() {
+    let _s = start("a100-sxm4-40gb-mig-mixed", 2, Faults::default());
+    let gpu = device(1);
+    let (mut current, mut pending) = (0, 0);
+    // SAFETY: valid out-pointers.
+    assert_eq!(unsafe { nvmlDeviceGetMigMode(gpu, &mut current, &mut pending) }, 0);
+    assert_eq!((current, pending), (1, 1));
+    let expected = [(1, 9, 0, 4), (5, 14, 4, 2), (13, 19, 6, 1)];
+    for (slot, (gi_id, profile_id, start, size)) in expected.into_iter().enumerate() {
+        let m = mig(gpu, slot as c_uint).unwrap();
+        let (mut gi, mut ci) = (0, 7);
+        // SAFETY: valid out-pointers.
+        unsafe {
+            assert_eq!(nvmlDeviceGetGpuInstanceId(m, &mut gi), 0);
+            assert_eq!(nvmlDeviceGetComputeInstanceId(m, &mut ci), 0);
+        }
+        assert_eq!((gi, ci), (gi_id, 0));
+        let mut instance = null_mut();
+        // SAFETY: valid out-pointers; the info struct is plain data.
+        let info = unsafe {
+            assert_eq!(nvmlDeviceGetGpuInstanceById(gpu, gi, &mut instance), 0);
+            let mut info: nvmlGpuInstanceInfo_t = std::mem::zeroed();
+            assert_eq!(nvmlGpuInstanceGetInfo(instance, &mut info), 0);
+            info
+        };
+        assert_eq!((info.id, info.profileId, info.placement.start, info.placement.size), (gi_id, profile_id, start, size));
+        assert_eq!(info.device, gpu);
+        let mut parent = null_mut();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m, &mut parent) }, 0);
+        assert_eq!(parent, gpu);
+    }
+    assert_eq!(mig(gpu, 3), Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND));
+}
+
+#[test]
+fn possible_placements_follow_the_profile_and_the_buffer_protocol() {
+    let _s = start("a100-sxm4-40gb", 1, Faults::default());
+    let gpu = device(0);
+    let mut count: c_uint = 0;
+    let mut buf = [nvmlGpuInstancePlacement_t { start: 99, size: 99 }; 8];
+    // SAFETY: valid pointers; `buf` holds `count` entries when passed.
+    unsafe {
+        assert_eq!(nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 9, null_mut(), &mut count), 0);
+        assert_eq!(count, 2);
+        count = 1;
+        assert_eq!(
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 9, buf.as_mut_ptr(), &mut count),
+            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE
+        );
+        count = 8;
+        assert_eq!(nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 15, buf.as_mut_ptr(), &mut count), 0);
+    }
+    let got: Vec<_> = buf[..count as usize].iter().map(|p| (p.start, p.size)).collect();
+    assert_eq!(got, vec![(0, 2), (2, 2), (4, 2), (6, 2)]);
+    // MIG is off on this profile, so there are no MIG devices to hand out.
+    assert_eq!(mig(gpu, 0), Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT));
+}
+
+#[test]
+fn unknown_handles_and_names_get_nvml_errors() {
+    let _s = start("l4", 1, Faults::default());
+    let bogus = std::ptr::without_provenance_mut::<nvmlDevice_st>(0x1234);
+    let mut minor = 0;
+    let (mut current, mut pending) = (0, 0);
+    let mut d = null_mut();
+    let unknown = CString::new("GPU-00000000-0000-0000-0000-000000000000").unwrap();
+    let bus = CString::new("0000:07:00.0").unwrap();
+    // SAFETY: valid out-pointers and C strings.
+    unsafe {
+        assert_eq!(nvmlDeviceGetMinorNumber(bogus, &mut minor), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlDeviceGetMinorNumber(null_mut(), &mut minor), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut d), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlDeviceGetHandleByUUID(unknown.as_ptr(), &mut d), nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        assert_eq!(nvmlDeviceGetMigMode(device(0), &mut current, &mut pending), nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        assert_eq!(nvmlDeviceGetHandleByPciBusId_v2(bus.as_ptr(), &mut d), 0);
+    }
+    assert_eq!(d, device(0));
+    let known = CString::new(uuid(d)).unwrap();
+    let mut again = null_mut();
+    // SAFETY: valid out-pointer and C string.
+    assert_eq!(unsafe { nvmlDeviceGetHandleByUUID(known.as_ptr(), &mut again) }, 0);
+    assert_eq!(again, d);
+}
+
+#[test]
+fn init_is_counted_and_calls_after_the_last_shutdown_are_uninitialised() {
+    let s = start("t4", 1, Faults::default());
+    assert_eq!(nvmlInit_v2(), 0);
+    assert_eq!(nvmlShutdown(), 0);
+    let mut count = 0;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, 0);
+    assert_eq!(count, 1);
+    assert_eq!(nvmlShutdown(), 0);
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+    assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+    drop(s);
+}
+
+#[test]
+fn xid_events_go_to_sets_that_registered_their_gpu() {
+    let faults = Faults { xid_events: vec![XidEvent { gpu: 1, xid: 79 }], ..Faults::default() };
+    let _s = start("h100-sxm5-80gb", 2, faults);
+    let (mut only0, mut only1) = (null_mut(), null_mut());
+    // SAFETY: valid out-pointers; the event data struct is plain data.
+    unsafe {
+        assert_eq!(nvmlEventSetCreate(&mut only0), 0);
+        assert_eq!(nvmlEventSetCreate(&mut only1), 0);
+        let xid = u64::from(nvmlEventTypeXidCriticalError);
+        assert_eq!(nvmlDeviceRegisterEvents(device(0), xid, only0), 0);
+        assert_eq!(nvmlDeviceRegisterEvents(device(1), xid, only1), 0);
+        let mut data: nvmlEventData_t = std::mem::zeroed();
+        assert_eq!(nvmlEventSetWait_v2(only0, &mut data, 10), nvmlReturn_enum_NVML_ERROR_TIMEOUT);
+        assert_eq!(nvmlEventSetWait_v2(only1, &mut data, 1000), 0);
+        assert_eq!((data.device, data.eventData, data.eventType), (device(1), 79, xid));
+        assert_eq!(nvmlEventSetWait_v2(only1, &mut data, 10), nvmlReturn_enum_NVML_ERROR_TIMEOUT);
+        assert_eq!(nvmlEventSetFree(only0), 0);
+        assert_eq!(nvmlEventSetFree(only0), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+}
+
+#[test]
+fn lost_gpus_answer_gpu_is_lost() {
+    let faults = Faults { lost_gpus: vec![0], ..Faults::default() };
+    let _s = start("gb200", 2, faults);
+    let mut d = null_mut();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { nvmlDeviceGetHandleByIndex_v2(0, &mut d) }, nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST);
+    assert!(uuid(device(1)).starts_with("GPU-"));
+}
+
+#[test]
+fn many_threads_read_at_once() {
+    let _s = start("a100-sxm4-40gb-mig-mixed", 8, Faults::default());
+    let expected: Vec<_> = (0..8).map(|i| uuid(device(i))).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                for _ in 0..200 {
+                    for (i, want) in expected.iter().enumerate() {
+                        let d = device(i as c_uint);
+                        assert_eq!(&uuid(d), want);
+                        assert!(mig(d, 2).is_ok());
+                    }
+                }
+            });
+        }
+    });
+}
