@@ -160,7 +160,10 @@ fn error_text(result: Ret) -> &'static CStr {
 // --- System ----------------------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> Ret {
     collapse(state::with_session(|s| {
         // SAFETY: forwarded caller contract.
         Ok(unsafe { put_str(version, length, &s.topology.profile.driver_version) })
@@ -168,7 +171,10 @@ pub(crate) unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char,
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> Ret {
     collapse(state::with_session(|s| {
         let p = &s.topology.profile;
         let text = format!("{}.{}", p.cuda_driver_version / 1000, p.driver_version);
@@ -318,19 +324,28 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetUUID(
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe { query(device, index, |_, d| Ok(d.gpu().index)) }
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe { query(device, minor, |_, d| Ok(gpu_only(d)?.minor)) }
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, pci, |s, d| {
@@ -411,7 +426,10 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut nvmlBrandType_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetBrand(
+    device: nvmlDevice_t,
+    brand: *mut nvmlBrandType_t,
+) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe { query(device, brand, |s, _| Ok(s.topology.profile.brand)) }
 }
@@ -546,7 +564,10 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: nvmlDevice_t, is_mig: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, is_mig, |_, d| {
@@ -570,7 +591,10 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, id, |_, d| match d {
@@ -581,7 +605,10 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t,
 }
 
 #[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
         query(device, id, |_, d| match d {

@@ -1,4 +1,6 @@
 //! The exported functions called in-process, the way a C caller would, against shipped profiles.
+// NVML's C names are kept as they are in the header and in the bindings.
+#![allow(non_upper_case_globals)]
 
 use crate::config::{Config, Faults, XidEvent};
 use crate::ffi::*;
@@ -21,7 +23,11 @@ impl Drop for Session {
 
 fn start(profile: &str, gpu_count: u32, faults: Faults) -> Session {
     let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let cfg = Config { profile: Some(profile.into()), gpu_count: Some(gpu_count), faults };
+    let cfg = Config {
+        profile: Some(profile.into()),
+        gpu_count: Some(gpu_count),
+        faults,
+    };
     assert_eq!(state::init_with(cfg), nvmlReturn_enum_NVML_SUCCESS);
     Session(turn)
 }
@@ -29,16 +35,24 @@ fn start(profile: &str, gpu_count: u32, faults: Faults) -> Session {
 fn device(index: c_uint) -> nvmlDevice_t {
     let mut d = null_mut();
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { nvmlDeviceGetHandleByIndex_v2(index, &mut d) }, nvmlReturn_enum_NVML_SUCCESS);
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByIndex_v2(index, &mut d) },
+        nvmlReturn_enum_NVML_SUCCESS
+    );
     d
 }
 
 fn uuid(d: nvmlDevice_t) -> String {
     let mut buf = [0 as c_char; 96];
     // SAFETY: `buf` holds 96 bytes.
-    assert_eq!(unsafe { nvmlDeviceGetUUID(d, buf.as_mut_ptr(), 96) }, nvmlReturn_enum_NVML_SUCCESS);
+    assert_eq!(
+        unsafe { nvmlDeviceGetUUID(d, buf.as_mut_ptr(), 96) },
+        nvmlReturn_enum_NVML_SUCCESS
+    );
     // SAFETY: NUL-terminated by the call.
-    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn mig(parent: nvmlDevice_t, index: c_uint) -> Result<nvmlDevice_t, nvmlReturn_t> {
@@ -56,7 +70,10 @@ fn mig_devices_report_their_instance_ids_and_placements() {
     let gpu = device(1);
     let (mut current, mut pending) = (0, 0);
     // SAFETY: valid out-pointers.
-    assert_eq!(unsafe { nvmlDeviceGetMigMode(gpu, &mut current, &mut pending) }, 0);
+    assert_eq!(
+        unsafe { nvmlDeviceGetMigMode(gpu, &mut current, &mut pending) },
+        0
+    );
     assert_eq!((current, pending), (1, 1));
     let expected = [(1, 9, 0, 4), (5, 14, 4, 2), (13, 19, 6, 1)];
     for (slot, (gi_id, profile_id, start, size)) in expected.into_iter().enumerate() {
@@ -76,11 +93,22 @@ fn mig_devices_report_their_instance_ids_and_placements() {
             assert_eq!(nvmlGpuInstanceGetInfo(instance, &mut info), 0);
             info
         };
-        assert_eq!((info.id, info.profileId, info.placement.start, info.placement.size), (gi_id, profile_id, start, size));
+        assert_eq!(
+            (
+                info.id,
+                info.profileId,
+                info.placement.start,
+                info.placement.size
+            ),
+            (gi_id, profile_id, start, size)
+        );
         assert_eq!(info.device, gpu);
         let mut parent = null_mut();
         // SAFETY: valid out-pointer.
-        assert_eq!(unsafe { nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m, &mut parent) }, 0);
+        assert_eq!(
+            unsafe { nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m, &mut parent) },
+            0
+        );
         assert_eq!(parent, gpu);
     }
     assert_eq!(mig(gpu, 3), Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND));
@@ -91,10 +119,16 @@ fn possible_placements_follow_the_profile_and_the_buffer_protocol() {
     let _s = start("a100-sxm4-40gb", 1, Faults::default());
     let gpu = device(0);
     let mut count: c_uint = 0;
-    let mut buf = [nvmlGpuInstancePlacement_t { start: 99, size: 99 }; 8];
+    let mut buf = [nvmlGpuInstancePlacement_t {
+        start: 99,
+        size: 99,
+    }; 8];
     // SAFETY: valid pointers; `buf` holds `count` entries when passed.
     unsafe {
-        assert_eq!(nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 9, null_mut(), &mut count), 0);
+        assert_eq!(
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 9, null_mut(), &mut count),
+            0
+        );
         assert_eq!(count, 2);
         count = 1;
         assert_eq!(
@@ -102,12 +136,21 @@ fn possible_placements_follow_the_profile_and_the_buffer_protocol() {
             nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE
         );
         count = 8;
-        assert_eq!(nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 15, buf.as_mut_ptr(), &mut count), 0);
+        assert_eq!(
+            nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 15, buf.as_mut_ptr(), &mut count),
+            0
+        );
     }
-    let got: Vec<_> = buf[..count as usize].iter().map(|p| (p.start, p.size)).collect();
+    let got: Vec<_> = buf[..count as usize]
+        .iter()
+        .map(|p| (p.start, p.size))
+        .collect();
     assert_eq!(got, vec![(0, 2), (2, 2), (4, 2), (6, 2)]);
     // MIG is off on this profile, so there are no MIG devices to hand out.
-    assert_eq!(mig(gpu, 0), Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT));
+    assert_eq!(
+        mig(gpu, 0),
+        Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+    );
 }
 
 #[test]
@@ -121,18 +164,36 @@ fn unknown_handles_and_names_get_nvml_errors() {
     let bus = CString::new("0000:07:00.0").unwrap();
     // SAFETY: valid out-pointers and C strings.
     unsafe {
-        assert_eq!(nvmlDeviceGetMinorNumber(bogus, &mut minor), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        assert_eq!(nvmlDeviceGetMinorNumber(null_mut(), &mut minor), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut d), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        assert_eq!(nvmlDeviceGetHandleByUUID(unknown.as_ptr(), &mut d), nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
-        assert_eq!(nvmlDeviceGetMigMode(device(0), &mut current, &mut pending), nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        assert_eq!(
+            nvmlDeviceGetMinorNumber(bogus, &mut minor),
+            nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetMinorNumber(null_mut(), &mut minor),
+            nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleByIndex_v2(1, &mut d),
+            nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleByUUID(unknown.as_ptr(), &mut d),
+            nvmlReturn_enum_NVML_ERROR_NOT_FOUND
+        );
+        assert_eq!(
+            nvmlDeviceGetMigMode(device(0), &mut current, &mut pending),
+            nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+        );
         assert_eq!(nvmlDeviceGetHandleByPciBusId_v2(bus.as_ptr(), &mut d), 0);
     }
     assert_eq!(d, device(0));
     let known = CString::new(uuid(d)).unwrap();
     let mut again = null_mut();
     // SAFETY: valid out-pointer and C string.
-    assert_eq!(unsafe { nvmlDeviceGetHandleByUUID(known.as_ptr(), &mut again) }, 0);
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByUUID(known.as_ptr(), &mut again) },
+        0
+    );
     assert_eq!(again, d);
 }
 
@@ -147,14 +208,20 @@ fn init_is_counted_and_calls_after_the_last_shutdown_are_uninitialised() {
     assert_eq!(count, 1);
     assert_eq!(nvmlShutdown(), 0);
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+    assert_eq!(
+        unsafe { nvmlDeviceGetCount_v2(&mut count) },
+        nvmlReturn_enum_NVML_ERROR_UNINITIALIZED
+    );
     assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
     drop(s);
 }
 
 #[test]
 fn xid_events_go_to_sets_that_registered_their_gpu() {
-    let faults = Faults { xid_events: vec![XidEvent { gpu: 1, xid: 79 }], ..Faults::default() };
+    let faults = Faults {
+        xid_events: vec![XidEvent { gpu: 1, xid: 79 }],
+        ..Faults::default()
+    };
     let _s = start("h100-sxm5-80gb", 2, faults);
     let (mut only0, mut only1) = (null_mut(), null_mut());
     // SAFETY: valid out-pointers; the event data struct is plain data.
@@ -165,22 +232,40 @@ fn xid_events_go_to_sets_that_registered_their_gpu() {
         assert_eq!(nvmlDeviceRegisterEvents(device(0), xid, only0), 0);
         assert_eq!(nvmlDeviceRegisterEvents(device(1), xid, only1), 0);
         let mut data: nvmlEventData_t = std::mem::zeroed();
-        assert_eq!(nvmlEventSetWait_v2(only0, &mut data, 10), nvmlReturn_enum_NVML_ERROR_TIMEOUT);
+        assert_eq!(
+            nvmlEventSetWait_v2(only0, &mut data, 10),
+            nvmlReturn_enum_NVML_ERROR_TIMEOUT
+        );
         assert_eq!(nvmlEventSetWait_v2(only1, &mut data, 1000), 0);
-        assert_eq!((data.device, data.eventData, data.eventType), (device(1), 79, xid));
-        assert_eq!(nvmlEventSetWait_v2(only1, &mut data, 10), nvmlReturn_enum_NVML_ERROR_TIMEOUT);
+        assert_eq!(
+            (data.device, data.eventData, data.eventType),
+            (device(1), 79, xid)
+        );
+        assert_eq!(
+            nvmlEventSetWait_v2(only1, &mut data, 10),
+            nvmlReturn_enum_NVML_ERROR_TIMEOUT
+        );
         assert_eq!(nvmlEventSetFree(only0), 0);
-        assert_eq!(nvmlEventSetFree(only0), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            nvmlEventSetFree(only0),
+            nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+        );
     }
 }
 
 #[test]
 fn lost_gpus_answer_gpu_is_lost() {
-    let faults = Faults { lost_gpus: vec![0], ..Faults::default() };
+    let faults = Faults {
+        lost_gpus: vec![0],
+        ..Faults::default()
+    };
     let _s = start("gb200", 2, faults);
     let mut d = null_mut();
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { nvmlDeviceGetHandleByIndex_v2(0, &mut d) }, nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST);
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByIndex_v2(0, &mut d) },
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST
+    );
     assert!(uuid(device(1)).starts_with("GPU-"));
 }
 
