@@ -2,8 +2,11 @@
 //! prepare/unprepare core with its checkpoint and CDI specs, and the ResourceSlices of a node.
 #![forbid(unsafe_code)]
 
+pub mod atomic;
+pub mod checkpoint;
 pub mod client;
 pub mod grpc;
+pub mod opaque;
 pub mod proto;
 pub mod registration;
 pub mod server;

@@ -1,0 +1,409 @@
+//! The plugin's checkpoint: which claims are prepared, kept across restarts.
+//!
+//! On disk it is a JSON envelope `{"version", "checksum", "payload"}` where `checksum` is the
+//! SHA-256 of the payload's bytes exactly as stored, so fields added by a later version never
+//! break the checksum. A checkpoint from another boot is discarded (after a reboot nothing is
+//! prepared any more); a corrupted one is moved aside and the plugin starts empty.
+
+use crate::atomic::write_atomic;
+use crate::types::PreparedDevice;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Format version written by this build.
+pub const VERSION: u32 = 1;
+/// File name inside the plugin's data directory.
+pub const FILE_NAME: &str = "checkpoint.json";
+/// Where the kernel publishes this boot's id.
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// Progress of one claim's preparation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimState {
+    /// Side effects may have started; rolled back if found at start.
+    PrepareStarted,
+    /// Prepared; repeated prepares are answered from here.
+    PrepareCompleted,
+}
+
+/// One claim in the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimEntry {
+    /// Progress.
+    pub state: ClaimState,
+    /// Claim namespace.
+    pub namespace: String,
+    /// Claim name.
+    pub name: String,
+    /// Devices of the claim (known from `PrepareStarted` on, so the exclusive check sees them).
+    pub devices: Vec<PreparedDevice>,
+}
+
+/// The checkpoint's content.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// Boot id of the node when written.
+    pub boot_id: String,
+    /// Claims by UID.
+    pub claims: BTreeMap<String, ClaimEntry>,
+}
+
+impl Checkpoint {
+    /// An empty checkpoint for this boot.
+    pub fn empty(boot_id: &str) -> Self {
+        Self {
+            boot_id: boot_id.to_owned(),
+            claims: BTreeMap::new(),
+        }
+    }
+
+    /// Removes and returns the claims left in `PrepareStarted`.
+    pub fn take_started(&mut self) -> Vec<(String, ClaimEntry)> {
+        let started: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(_, e)| e.state == ClaimState::PrepareStarted)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        started
+            .into_iter()
+            .filter_map(|uid| self.claims.remove_entry(&uid))
+            .collect()
+    }
+
+    /// The claim (other than `uid`) holding `device` of `pool` without admin access, if any.
+    pub fn exclusive_holder(&self, uid: &str, pool: &str, device: &str) -> Option<&str> {
+        self.claims
+            .iter()
+            .filter(|(other, _)| other.as_str() != uid)
+            .find(|(_, e)| {
+                e.devices
+                    .iter()
+                    .any(|d| !d.admin_access && d.pool == pool && d.device == device)
+            })
+            .map(|(other, _)| other.as_str())
+    }
+}
+
+/// Why stored bytes are not a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not the envelope.
+    #[error("not a checkpoint envelope: {0}")]
+    Envelope(String),
+    /// Written by a format this build does not know.
+    #[error("checkpoint version {0} is not supported (this build reads {VERSION})")]
+    Version(u32),
+    /// The payload does not match its checksum.
+    #[error("checksum mismatch: stored {stored}, computed {computed}")]
+    Checksum {
+        /// The stored checksum.
+        stored: String,
+        /// The payload's checksum.
+        computed: String,
+    },
+    /// The payload is not a checkpoint.
+    #[error("bad payload: {0}")]
+    Payload(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    version: u32,
+    checksum: String,
+    payload: Box<RawValue>,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Serialises a checkpoint into its envelope.
+pub fn encode(checkpoint: &Checkpoint) -> Vec<u8> {
+    let payload = serde_json::to_string(checkpoint).expect("a checkpoint always serialises");
+    let envelope = Envelope {
+        version: VERSION,
+        checksum: sha256_hex(payload.as_bytes()),
+        payload: RawValue::from_string(payload).expect("serde_json output is JSON"),
+    };
+    serde_json::to_vec(&envelope).expect("an envelope always serialises")
+}
+
+/// Reads a checkpoint from its envelope, checking version and checksum.
+pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
+    let envelope: Envelope =
+        serde_json::from_slice(bytes).map_err(|e| DecodeError::Envelope(e.to_string()))?;
+    if envelope.version != VERSION {
+        return Err(DecodeError::Version(envelope.version));
+    }
+    let computed = sha256_hex(envelope.payload.get().as_bytes());
+    if computed != envelope.checksum {
+        return Err(DecodeError::Checksum {
+            stored: envelope.checksum,
+            computed,
+        });
+    }
+    serde_json::from_str(envelope.payload.get()).map_err(|e| DecodeError::Payload(e.to_string()))
+}
+
+/// What loading found, besides the checkpoint to start from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// No file yet.
+    Missing,
+    /// The stored checkpoint, from this boot.
+    Restored,
+    /// The stored checkpoint came from an earlier boot and was dropped.
+    NewBoot {
+        /// Its boot id.
+        previous: String,
+    },
+    /// The stored file was unreadable, moved aside; the plugin starts empty.
+    Corrupted {
+        /// Where the bad file now is.
+        moved_to: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+}
+
+/// Decides what to start from, given what was read: the pure part of [`CheckpointStore::load`].
+/// `Err(reason)` means the stored bytes are corrupted and must be moved aside.
+pub fn recover(
+    stored: Option<Result<Checkpoint, DecodeError>>,
+    boot_id: &str,
+) -> (Checkpoint, Result<LoadOutcome, String>) {
+    match stored {
+        None => (Checkpoint::empty(boot_id), Ok(LoadOutcome::Missing)),
+        Some(Ok(cp)) if cp.boot_id == boot_id => (cp, Ok(LoadOutcome::Restored)),
+        Some(Ok(cp)) => (
+            Checkpoint::empty(boot_id),
+            Ok(LoadOutcome::NewBoot {
+                previous: cp.boot_id,
+            }),
+        ),
+        Some(Err(e)) => (Checkpoint::empty(boot_id), Err(e.to_string())),
+    }
+}
+
+/// The checkpoint file of one plugin data directory.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    path: PathBuf,
+    boot_id: String,
+}
+
+impl CheckpointStore {
+    /// The store in `dir`, for the boot identified by `boot_id`.
+    pub fn new(dir: &Path, boot_id: &str) -> Self {
+        Self {
+            path: dir.join(FILE_NAME),
+            boot_id: boot_id.trim().to_owned(),
+        }
+    }
+
+    /// Reads the boot id from `path` (normally [`BOOT_ID_PATH`]).
+    pub fn read_boot_id(path: &Path) -> io::Result<String> {
+        Ok(std::fs::read_to_string(path)?.trim().to_owned())
+    }
+
+    /// The checkpoint file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// This boot's id.
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// Loads the checkpoint, moving a corrupted file aside (never failing on bad content).
+    pub fn load(&self) -> io::Result<(Checkpoint, LoadOutcome)> {
+        let stored = match std::fs::read(&self.path) {
+            Ok(bytes) => Some(decode(&bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let (checkpoint, outcome) = recover(stored, &self.boot_id);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(reason) => {
+                let moved_to = self.aside_path();
+                std::fs::rename(&self.path, &moved_to)?;
+                LoadOutcome::Corrupted { moved_to, reason }
+            }
+        };
+        Ok((checkpoint, outcome))
+    }
+
+    /// Writes the checkpoint atomically.
+    pub fn save(&self, checkpoint: &Checkpoint) -> io::Result<()> {
+        write_atomic(&self.path, &encode(checkpoint))
+    }
+
+    fn aside_path(&self) -> PathBuf {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        self.path
+            .with_file_name(format!("{FILE_NAME}.corrupted-{stamp}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn device(name: &str, admin: bool) -> PreparedDevice {
+        PreparedDevice {
+            request_names: vec!["gpu".into()],
+            pool: "node-a".into(),
+            device: name.into(),
+            cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim=uid-{name}")],
+            admin_access: admin,
+        }
+    }
+
+    fn sample() -> Checkpoint {
+        let mut cp = Checkpoint::empty("boot-1");
+        cp.claims.insert(
+            "uid-a".into(),
+            ClaimEntry {
+                state: ClaimState::PrepareCompleted,
+                namespace: "ns".into(),
+                name: "a".into(),
+                devices: vec![device("gpu-0", false), device("gpu-1", true)],
+            },
+        );
+        cp.claims.insert(
+            "uid-b".into(),
+            ClaimEntry {
+                state: ClaimState::PrepareStarted,
+                namespace: "ns".into(),
+                name: "b".into(),
+                devices: vec![device("gpu-2", false)],
+            },
+        );
+        cp
+    }
+
+    #[test]
+    fn round_trips() {
+        assert_eq!(decode(&encode(&sample())).unwrap(), sample());
+    }
+
+    #[test]
+    fn a_flipped_byte_fails_the_checksum() {
+        let bytes = encode(&sample());
+        let text = String::from_utf8(bytes).unwrap().replace("gpu-0", "gpu-7");
+        assert!(matches!(
+            decode(text.as_bytes()),
+            Err(DecodeError::Checksum { .. })
+        ));
+    }
+
+    #[test]
+    fn other_versions_are_refused() {
+        let text = String::from_utf8(encode(&sample()))
+            .unwrap()
+            .replace("\"version\":1", "\"version\":9");
+        assert_eq!(decode(text.as_bytes()), Err(DecodeError::Version(9)));
+    }
+
+    #[test]
+    fn unknown_payload_fields_keep_the_checksum_valid() {
+        let payload = r#"{"bootId":"b","claims":{},"addedLater":true}"#;
+        let envelope = format!(
+            r#"{{"version":1,"checksum":"{}","payload":{payload}}}"#,
+            sha256_hex(payload.as_bytes())
+        );
+        assert_eq!(decode(envelope.as_bytes()).unwrap(), Checkpoint::empty("b"));
+    }
+
+    #[test]
+    fn started_claims_are_taken_out() {
+        let mut cp = sample();
+        let started = cp.take_started();
+        assert_eq!(started.len(), 1);
+        assert_eq!(started[0].0, "uid-b");
+        assert_eq!(cp.claims.keys().collect::<Vec<_>>(), ["uid-a"]);
+    }
+
+    #[test]
+    fn exclusive_holders_ignore_admin_access_and_self() {
+        let cp = sample();
+        assert_eq!(
+            cp.exclusive_holder("uid-x", "node-a", "gpu-0"),
+            Some("uid-a")
+        );
+        assert_eq!(
+            cp.exclusive_holder("uid-x", "node-a", "gpu-2"),
+            Some("uid-b")
+        );
+        assert_eq!(cp.exclusive_holder("uid-a", "node-a", "gpu-0"), None);
+        assert_eq!(cp.exclusive_holder("uid-x", "node-a", "gpu-1"), None);
+        assert_eq!(cp.exclusive_holder("uid-x", "node-b", "gpu-0"), None);
+    }
+
+    #[test]
+    fn load_handles_missing_new_boot_and_corrupted_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path(), "boot-1\n");
+        assert_eq!(store.boot_id(), "boot-1");
+        let (cp, outcome) = store.load().unwrap();
+        assert_eq!(
+            (cp, outcome),
+            (Checkpoint::empty("boot-1"), LoadOutcome::Missing)
+        );
+
+        store.save(&sample()).unwrap();
+        assert_eq!(store.load().unwrap(), (sample(), LoadOutcome::Restored));
+
+        let rebooted = CheckpointStore::new(dir.path(), "boot-2");
+        assert_eq!(
+            rebooted.load().unwrap(),
+            (
+                Checkpoint::empty("boot-2"),
+                LoadOutcome::NewBoot {
+                    previous: "boot-1".into()
+                }
+            )
+        );
+
+        std::fs::write(store.path(), b"{\"version\":1,").unwrap();
+        let (cp, outcome) = store.load().unwrap();
+        assert_eq!(cp, Checkpoint::empty("boot-1"));
+        let LoadOutcome::Corrupted { moved_to, reason } = outcome else {
+            panic!("expected Corrupted, got {outcome:?}");
+        };
+        assert!(reason.contains("envelope"), "{reason}");
+        assert_eq!(std::fs::read(&moved_to).unwrap(), b"{\"version\":1,");
+        assert!(!store.path().exists());
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn decoding_mutated_checkpoints_never_panics(pos in 0usize..400, byte in any::<u8>()) {
+            let mut bytes = encode(&sample());
+            let at = pos % bytes.len();
+            bytes[at] = byte;
+            let _ = decode(&bytes);
+        }
+    }
+}

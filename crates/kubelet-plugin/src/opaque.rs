@@ -1,0 +1,257 @@
+//! Opaque device configuration of the driver (`resource.nvidia.com/v1beta1`), decoded strictly:
+//! unknown fields, kinds or versions are errors that name what was wrong.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// `apiVersion` of the driver's configuration objects.
+pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";
+
+/// A decoded configuration object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceConfig {
+    /// `GpuConfig`: applies to full GPUs.
+    Gpu(GpuConfig),
+    /// `MigDeviceConfig`: applies to MIG devices.
+    Mig(MigDeviceConfig),
+}
+
+/// `GpuConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuConfig {
+    /// How the GPU is shared.
+    pub sharing: Option<Sharing>,
+}
+
+/// `MigDeviceConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MigDeviceConfig {
+    /// How the MIG device is shared.
+    pub sharing: Option<Sharing>,
+}
+
+/// Sharing settings.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Sharing {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Settings of `TimeSlicing`.
+    pub time_slicing_config: Option<TimeSlicingConfig>,
+    /// Settings of `MPS`.
+    pub mps_config: Option<MpsConfig>,
+}
+
+/// Sharing strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Strategy {
+    /// Time-slicing between processes.
+    TimeSlicing,
+    /// The CUDA Multi-Process Service.
+    #[serde(rename = "MPS")]
+    Mps,
+}
+
+/// `timeSlicingConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TimeSlicingConfig {
+    /// Slice length.
+    pub interval: Option<Interval>,
+}
+
+/// Time-slice lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Interval {
+    /// The driver's default.
+    Default,
+    /// Short.
+    Short,
+    /// Medium.
+    Medium,
+    /// Long.
+    Long,
+}
+
+/// `mpsConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MpsConfig {
+    /// Default active thread percentage, 0–100.
+    pub default_active_thread_percentage: Option<i64>,
+    /// Default pinned memory limit (a quantity).
+    pub default_pinned_device_memory_limit: Option<String>,
+    /// Per-device pinned memory limits.
+    pub default_per_device_pinned_memory_limit: Option<BTreeMap<String, String>>,
+    /// Allow several users.
+    pub multi_user: Option<bool>,
+}
+
+/// Why a configuration object was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Not JSON, or fields that do not belong.
+    #[error("invalid {kind} configuration: {reason}")]
+    Invalid {
+        /// The kind, or `object` before it is known.
+        kind: String,
+        /// serde's message.
+        reason: String,
+    },
+    /// Another API version.
+    #[error("unsupported apiVersion {0:?}; expected {API_VERSION:?}")]
+    ApiVersion(String),
+    /// Another kind.
+    #[error("unsupported kind {0:?}; expected GpuConfig or MigDeviceConfig")]
+    Kind(String),
+    /// A setting this plugin does not apply yet.
+    #[error("{0} is not supported by this plugin yet")]
+    Unsupported(String),
+}
+
+fn invalid(kind: &str, e: impl std::fmt::Display) -> ConfigError {
+    ConfigError::Invalid {
+        kind: kind.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+/// Decodes one configuration object from the JSON in an opaque config's `parameters`.
+pub fn decode(bytes: &[u8]) -> Result<DeviceConfig, ConfigError> {
+    let mut object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes).map_err(|e| invalid("object", e))?;
+    let api_version = object.remove("apiVersion");
+    let kind = object.remove("kind");
+    match api_version.as_ref().and_then(|v| v.as_str()) {
+        Some(API_VERSION) => {}
+        Some(other) => return Err(ConfigError::ApiVersion(other.to_owned())),
+        None => return Err(invalid("object", "apiVersion must be a string")),
+    }
+    let rest = serde_json::Value::Object(object);
+    match kind.as_ref().and_then(|k| k.as_str()) {
+        Some("GpuConfig") => serde_json::from_value(rest)
+            .map(DeviceConfig::Gpu)
+            .map_err(|e| invalid("GpuConfig", e)),
+        Some("MigDeviceConfig") => serde_json::from_value(rest)
+            .map(DeviceConfig::Mig)
+            .map_err(|e| invalid("MigDeviceConfig", e)),
+        Some(other) => Err(ConfigError::Kind(other.to_owned())),
+        None => Err(invalid("object", "kind must be a string")),
+    }
+}
+
+impl DeviceConfig {
+    /// The kind's name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Gpu(_) => "GpuConfig",
+            Self::Mig(_) => "MigDeviceConfig",
+        }
+    }
+
+    /// Checks that this plugin can honour the settings: no sharing, or time-slicing with the
+    /// default interval (what an unshared GPU does anyway).
+    pub fn check_supported(&self) -> Result<(), ConfigError> {
+        let sharing = match self {
+            Self::Gpu(c) => c.sharing.as_ref(),
+            Self::Mig(c) => c.sharing.as_ref(),
+        };
+        match sharing {
+            None => Ok(()),
+            Some(Sharing {
+                strategy: Strategy::Mps,
+                ..
+            }) => Err(ConfigError::Unsupported("sharing strategy MPS".into())),
+            Some(Sharing {
+                mps_config: Some(_),
+                ..
+            }) => Err(ConfigError::Unsupported(
+                "mpsConfig with strategy TimeSlicing".into(),
+            )),
+            Some(Sharing {
+                time_slicing_config:
+                    Some(TimeSlicingConfig {
+                        interval: Some(i), ..
+                    }),
+                ..
+            }) if *i != Interval::Default => Err(ConfigError::Unsupported(format!(
+                "time-slicing interval {i:?}"
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn gpu_and_mig_configs_decode() {
+        let gpu = decode(
+            br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig",
+                 "sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(gpu.kind(), "GpuConfig");
+        assert_eq!(
+            gpu.check_supported(),
+            Err(ConfigError::Unsupported(
+                "time-slicing interval Long".into()
+            ))
+        );
+        let mig =
+            decode(br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig"}"#)
+                .unwrap();
+        assert_eq!(mig, DeviceConfig::Mig(MigDeviceConfig::default()));
+        assert_eq!(mig.check_supported(), Ok(()));
+    }
+
+    #[test]
+    fn strictness_names_the_problem() {
+        let unknown = decode(
+            br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharng":{}}"#,
+        )
+        .unwrap_err();
+        assert!(unknown.to_string().contains("sharng"), "{unknown}");
+        assert_eq!(
+            decode(br#"{"apiVersion":"v9","kind":"GpuConfig"}"#),
+            Err(ConfigError::ApiVersion("v9".into()))
+        );
+        assert_eq!(
+            decode(br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"Nope"}"#),
+            Err(ConfigError::Kind("Nope".into()))
+        );
+        let mps = decode(
+            br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}"#,
+        )
+        .unwrap();
+        assert!(mps.check_supported().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&bytes).map(|c| c.check_supported());
+        }
+
+        #[test]
+        fn arbitrary_json_objects_never_panic(
+            kind in prop_oneof![Just("GpuConfig".to_owned()), Just("MigDeviceConfig".to_owned()), ".*"],
+            strategy in prop_oneof![Just("TimeSlicing".to_owned()), Just("MPS".to_owned()), ".*"],
+            interval in prop_oneof![Just("Default".to_owned()), Just("Long".to_owned()), ".*"],
+            extra in ".{0,8}",
+        ) {
+            let json = serde_json::json!({
+                "apiVersion": API_VERSION,
+                "kind": kind,
+                "sharing": {"strategy": strategy, "timeSlicingConfig": {"interval": interval}},
+                extra: 1,
+            });
+            let _ = decode(json.to_string().as_bytes()).map(|c| c.check_supported());
+        }
+    }
+}
