@@ -58,6 +58,27 @@ pub mod labels {
         "nvidia.com/gpu.deploy.mig-manager",
     ];
 
+    /// Deploy keys of the device-plugin plane (ClusterPolicy, `container` workloads), each `"true"`.
+    pub const DEVICE_PLUGIN_PLANE_KEYS: [&str; 9] = [
+        DEPLOY_DRIVER,
+        "nvidia.com/gpu.deploy.gpu-feature-discovery",
+        "nvidia.com/gpu.deploy.container-toolkit",
+        "nvidia.com/gpu.deploy.device-plugin",
+        "nvidia.com/gpu.deploy.dcgm",
+        "nvidia.com/gpu.deploy.dcgm-exporter",
+        "nvidia.com/gpu.deploy.node-status-exporter",
+        "nvidia.com/gpu.deploy.operator-validator",
+        "nvidia.com/gpu.deploy.client",
+    ];
+    /// Deploy key of the MIG manager, added to the device-plugin plane on MIG-capable nodes.
+    pub const DEPLOY_MIG_MANAGER: &str = "nvidia.com/gpu.deploy.mig-manager";
+    /// `true` on nodes whose GPUs support MIG (written by GPU feature discovery).
+    pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
+    /// The GPU product name (written by GPU feature discovery or NFD rules).
+    pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+    /// Present on vGPU host nodes; they never get the MIG manager.
+    pub const VGPU_HOST_DRIVER_VERSION: &str = "nvidia.com/vgpu.host-driver-version";
+
     /// Node Feature Discovery labels whose value `true` marks a node as having an NVIDIA GPU.
     pub const NFD_GPU_LABELS: [&str; 3] = [
         "feature.node.kubernetes.io/pci-10de.present",

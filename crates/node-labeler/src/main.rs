@@ -1,6 +1,108 @@
-//! `node-labeler` — not built yet; see the README's roadmap. It exits with an error so nothing mistakes it for a working binary.
+//! `node-labeler`: decides which GPU stack serves each node and writes it as node labels.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("node-labeler: not implemented yet in this build of gpu-operator-rs");
-    std::process::ExitCode::from(2)
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::AllocationMode;
+use clap::Parser;
+use node_labeler::controller::{self, Metrics, Settings};
+use service::leader::{self, Election};
+use service::logging::LogFormat;
+
+/// Labels GPU nodes with their allocation mode and the deploy labels of the stack that serves them.
+#[derive(Debug, Parser)]
+#[command(name = "node-labeler", version)]
+struct Args {
+    /// Mode for new GPU nodes when both a GPUCluster and a ClusterPolicy exist: dra or device-plugin.
+    #[arg(
+        long,
+        env = "DEFAULT_GPU_ALLOCATION_MODE",
+        default_value = "device-plugin"
+    )]
+    default_gpu_allocation_mode: AllocationMode,
+    /// Annotate GPU nodes with nvidia.com/gpu-driver-upgrade-enabled=true (driver auto-upgrade).
+    #[arg(long, env = "DRIVER_AUTO_UPGRADE", default_value_t = false)]
+    driver_auto_upgrade: bool,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "HTTP_ENDPOINT", default_value = "0.0.0.0:8080")]
+    http_endpoint: SocketAddr,
+    /// Elect one leader among replicas through a Lease.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease (the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-operator")]
+    namespace: String,
+    /// This replica's identity in the Lease (the pod's name).
+    #[arg(long, env = "POD_NAME", default_value = "node-labeler")]
+    identity: String,
+    /// Log format: text or json.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    service::logging::init(args.log_format);
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("node-labeler: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let client = service::kube_client("gpu-operator-node-labeler").await?;
+    let metrics = Metrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let health = service::http::Health::default();
+    let shutdown = service::shutdown::Shutdown::on_signal();
+    tokio::spawn(service::http::serve(
+        args.http_endpoint,
+        Arc::new(registry),
+        health.clone(),
+        shutdown.wait(),
+    ));
+
+    if args.leader_elect {
+        let (leading_tx, mut leading_rx) = tokio::sync::watch::channel(false);
+        let election = Election {
+            namespace: args.namespace.clone(),
+            lease_name: "gpu-operator-node-labeler".into(),
+            identity: args.identity.clone(),
+            lease_duration: Duration::from_secs(15),
+            retry_period: Duration::from_secs(2),
+        };
+        tokio::spawn(leader::run(client.clone(), election, leading_tx));
+        tracing::info!(identity = %args.identity, "waiting to become leader");
+        tokio::select! {
+            _ = leading_rx.wait_for(|leading| *leading) => {}
+            _ = shutdown.wait() => return Ok(()),
+        }
+        let lost = async move {
+            let _ = leading_rx.wait_for(|leading| !*leading).await;
+        };
+        health.set_ready(true);
+        let settings = settings(&args);
+        tokio::select! {
+            _ = controller::run(client, settings, metrics, shutdown.wait()) => Ok(()),
+            _ = lost => Err("lost the leader lease; exiting so a fresh replica can take over".into()),
+        }
+    } else {
+        health.set_ready(true);
+        controller::run(client, settings(&args), metrics, shutdown.wait()).await;
+        Ok(())
+    }
+}
+
+fn settings(args: &Args) -> Settings {
+    Settings {
+        default_mode: args.default_gpu_allocation_mode,
+        driver_auto_upgrade: args.driver_auto_upgrade,
+    }
 }

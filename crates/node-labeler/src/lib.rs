@@ -1,0 +1,5 @@
+//! The node labeler: which GPU stack serves each node, expressed as node labels.
+
+pub mod claims;
+pub mod controller;
+pub mod plan;

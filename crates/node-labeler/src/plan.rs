@@ -1,0 +1,584 @@
+//! The labeler's decision: from what a node carries and what the cluster has, the label and
+//! annotation changes that node needs. Pure; the controller does the I/O.
+
+use std::collections::BTreeMap;
+
+use api::AllocationMode;
+use api::contract::labels as l;
+
+/// Cluster-wide facts the decision depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    /// A `GPUCluster` (the DRA plane's CR) exists.
+    pub gpu_cluster: bool,
+    /// A `ClusterPolicy` (the device-plugin plane's CR) exists.
+    pub cluster_policy: bool,
+    /// Mode for new GPU nodes when both CRs exist (`DEFAULT_GPU_ALLOCATION_MODE`).
+    pub default_mode: AllocationMode,
+    /// The active driver upgrade policy lets the driver manager upgrade drivers automatically.
+    pub driver_auto_upgrade: bool,
+}
+
+impl Cluster {
+    /// The mode a GPU node without one gets: the only CR's stack, or the default with both.
+    fn mode_for_new_nodes(&self) -> Option<AllocationMode> {
+        match (self.gpu_cluster, self.cluster_policy) {
+            (true, false) => Some(AllocationMode::Dra),
+            (false, true) => Some(AllocationMode::DevicePlugin),
+            (true, true) => Some(self.default_mode),
+            (false, false) => None,
+        }
+    }
+
+    fn serves(&self, mode: AllocationMode) -> bool {
+        match mode {
+            AllocationMode::Dra => self.gpu_cluster,
+            AllocationMode::DevicePlugin => self.cluster_policy,
+        }
+    }
+}
+
+/// Whether pods on the node still hold claims allocated by the `gpu.nvidia.com` driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuClaims {
+    /// Not looked up yet; the plan says when a lookup is needed.
+    Unknown,
+    /// No pod on the node holds such a claim.
+    None,
+    /// Some pod (running, pending or terminating) holds one, or a claim could not be read.
+    Held,
+}
+
+/// Something worth telling an admin about the node, as an Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// The mode label holds a value that is not a mode; the node's deploy labels are left alone.
+    InvalidMode(String),
+    /// `gpu.deploy.dra-driver` stays until the node's GPU claims are released.
+    DraDriverRemovalDeferred,
+}
+
+/// The changes one node needs. Empty means no write.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Label changes: `Some(value)` sets, `None` removes.
+    pub labels: BTreeMap<String, Option<String>>,
+    /// Annotation changes: `Some(value)` sets, `None` removes.
+    pub annotations: BTreeMap<String, Option<String>>,
+    /// Events to report.
+    pub findings: Vec<Finding>,
+    /// The plan wants to remove `gpu.deploy.dra-driver` but claims were not looked up: look them
+    /// up and plan again.
+    pub needs_claim_lookup: bool,
+}
+
+impl Plan {
+    /// Whether the node needs a write.
+    pub fn has_changes(&self) -> bool {
+        !self.labels.is_empty() || !self.annotations.is_empty()
+    }
+
+    /// Whether the node must be looked at again later even without a change event.
+    pub fn is_deferred(&self) -> bool {
+        self.findings.contains(&Finding::DraDriverRemovalDeferred)
+    }
+}
+
+/// A label value that counts as set (`""` counts as absent).
+fn value<'a>(labels: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
+    labels
+        .get(key)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether NFD says the node has an NVIDIA GPU.
+pub fn is_gpu_node(labels: &BTreeMap<String, String>) -> bool {
+    l::NFD_GPU_LABELS
+        .iter()
+        .any(|k| value(labels, k) == Some("true"))
+}
+
+fn is_mig_capable(labels: &BTreeMap<String, String>) -> bool {
+    if labels.contains_key(l::VGPU_HOST_DRIVER_VERSION) {
+        return false;
+    }
+    let product = value(labels, l::GPU_PRODUCT)
+        .unwrap_or_default()
+        .to_lowercase();
+    value(labels, l::MIG_CAPABLE) == Some("true")
+        || ["h100", "a100", "a30"].iter().any(|p| product.contains(p))
+}
+
+/// Every deploy key the labeler owns.
+fn owned_keys() -> impl Iterator<Item = &'static str> {
+    l::DRA_PLANE_KEYS
+        .into_iter()
+        .chain(l::DEVICE_PLUGIN_ONLY_KEYS)
+}
+
+/// Deploy keys a node in `mode` should carry.
+fn plane_keys(mode: AllocationMode, labels: &BTreeMap<String, String>) -> Vec<&'static str> {
+    match mode {
+        AllocationMode::Dra => l::DRA_PLANE_KEYS.to_vec(),
+        AllocationMode::DevicePlugin => {
+            let mut keys = l::DEVICE_PLUGIN_PLANE_KEYS.to_vec();
+            if is_mig_capable(labels) {
+                keys.push(l::DEPLOY_MIG_MANAGER);
+            }
+            keys
+        }
+    }
+}
+
+/// Plans the label and annotation changes of one node.
+pub fn plan(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    cluster: &Cluster,
+    claims: GpuClaims,
+) -> Plan {
+    let mut desired: BTreeMap<&str, Option<String>> = BTreeMap::new();
+    let mut findings = Vec::new();
+    let gpu = is_gpu_node(labels);
+
+    if gpu {
+        desired.insert(l::GPU_PRESENT, Some("true".into()));
+    } else if labels.contains_key(l::GPU_PRESENT) {
+        desired.insert(l::GPU_PRESENT, Some("false".into()));
+    }
+
+    let new_node_mode = cluster.mode_for_new_nodes();
+    let mode = match value(labels, l::ALLOCATION_MODE) {
+        Some(v) => match v.parse::<AllocationMode>() {
+            Ok(mode) => Some(mode),
+            Err(_) => {
+                findings.push(Finding::InvalidMode(v.to_owned()));
+                None
+            }
+        },
+        None if gpu => {
+            if let Some(mode) = new_node_mode {
+                desired.insert(l::ALLOCATION_MODE, Some(mode.to_string()));
+            }
+            new_node_mode
+        }
+        None => None,
+    };
+
+    let kill_switch = value(labels, l::DEPLOY_OPERANDS) == Some("false");
+    let active_cr = new_node_mode.is_some();
+    if !gpu || kill_switch {
+        // Not (or no longer) a GPU node, or operands switched off: nothing of ours stays.
+        for key in owned_keys() {
+            desired.insert(key, None);
+        }
+    } else if let (Some(mode), true) = (mode, active_cr) {
+        let keep = plane_keys(mode, labels);
+        for key in owned_keys().filter(|k| !keep.contains(k)) {
+            desired.insert(key, None);
+        }
+        if cluster.serves(mode) {
+            for key in keep.into_iter().filter(|k| value(labels, k).is_none()) {
+                desired.insert(key, Some("true".into()));
+            }
+        }
+    }
+
+    let mut needs_claim_lookup = false;
+    // An empty value selects no plugin pod, so only a real value needs the claim check.
+    let removes_dra_driver = matches!(desired.get(l::DEPLOY_DRA_DRIVER), Some(None))
+        && value(labels, l::DEPLOY_DRA_DRIVER).is_some();
+    if removes_dra_driver {
+        match claims {
+            GpuClaims::None => {}
+            GpuClaims::Unknown => {
+                needs_claim_lookup = true;
+                desired.remove(l::DEPLOY_DRA_DRIVER);
+            }
+            GpuClaims::Held => {
+                findings.push(Finding::DraDriverRemovalDeferred);
+                desired.remove(l::DEPLOY_DRA_DRIVER);
+            }
+        }
+    }
+
+    let mut annotations_plan = BTreeMap::new();
+    if gpu && active_cr {
+        let want = cluster.driver_auto_upgrade.then(|| "true".to_owned());
+        if annotations.get(l::DRIVER_UPGRADE_ENABLED) != want.as_ref() {
+            annotations_plan.insert(l::DRIVER_UPGRADE_ENABLED.to_owned(), want);
+        }
+    }
+
+    Plan {
+        labels: desired
+            .into_iter()
+            .filter(|(key, want)| labels.get(*key) != want.as_ref())
+            .map(|(key, want)| (key.to_owned(), want))
+            .collect(),
+        annotations: annotations_plan,
+        findings,
+        needs_claim_lookup,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NFD: &str = "feature.node.kubernetes.io/pci-10de.present";
+    const MODE: &str = l::ALLOCATION_MODE;
+    const DRA: &str = l::DEPLOY_DRA_DRIVER;
+    const DP: &str = "nvidia.com/gpu.deploy.device-plugin";
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn cluster(gpu_cluster: bool, cluster_policy: bool) -> Cluster {
+        Cluster {
+            gpu_cluster,
+            cluster_policy,
+            default_mode: AllocationMode::DevicePlugin,
+            driver_auto_upgrade: false,
+        }
+    }
+
+    const GC: Cluster = Cluster {
+        gpu_cluster: true,
+        cluster_policy: false,
+        default_mode: AllocationMode::DevicePlugin,
+        driver_auto_upgrade: false,
+    };
+
+    fn labels_after(
+        node: &[(&str, &str)],
+        c: &Cluster,
+        claims: GpuClaims,
+    ) -> BTreeMap<String, String> {
+        let mut labels = map(node);
+        for (k, v) in plan(&labels.clone(), &BTreeMap::new(), c, claims).labels {
+            match v {
+                Some(v) => labels.insert(k, v),
+                None => labels.remove(&k),
+            };
+        }
+        labels
+    }
+
+    fn sets<'a>(p: &'a Plan, key: &str) -> Option<&'a str> {
+        p.labels.get(key).and_then(|v| v.as_deref())
+    }
+
+    #[test]
+    fn new_gpu_node_with_gpucluster_gets_dra_mode_and_the_dra_plane() {
+        let p = plan(
+            &map(&[(NFD, "true")]),
+            &BTreeMap::new(),
+            &GC,
+            GpuClaims::Unknown,
+        );
+        assert_eq!(sets(&p, l::GPU_PRESENT), Some("true"));
+        assert_eq!(sets(&p, MODE), Some("dra"));
+        for key in l::DRA_PLANE_KEYS {
+            assert_eq!(sets(&p, key), Some("true"), "{key}");
+        }
+        assert_eq!(p.labels.len(), 2 + l::DRA_PLANE_KEYS.len(), "{p:#?}");
+        assert!(!p.needs_claim_lookup);
+    }
+
+    #[test]
+    fn every_nfd_gpu_label_counts_and_false_does_not() {
+        for key in l::NFD_GPU_LABELS {
+            assert!(is_gpu_node(&map(&[(key, "true")])), "{key}");
+            assert!(!is_gpu_node(&map(&[(key, "false")])), "{key}");
+        }
+        assert!(!is_gpu_node(&map(&[(
+            "feature.node.kubernetes.io/cpu-model.vendor_id",
+            "Intel"
+        )])));
+    }
+
+    #[test]
+    fn cpu_nodes_get_nothing() {
+        let p = plan(
+            &map(&[("kubernetes.io/os", "linux")]),
+            &BTreeMap::new(),
+            &GC,
+            GpuClaims::Unknown,
+        );
+        assert_eq!(p, Plan::default());
+    }
+
+    #[test]
+    fn lost_gpu_labels_set_present_false_and_remove_our_keys() {
+        let node = [
+            (l::GPU_PRESENT, "true"),
+            (MODE, "dra"),
+            (l::DEPLOY_DRA_VALIDATOR, "true"),
+            ("nvidia.com/gpu.deploy.nvsm", "true"),
+        ];
+        let after = labels_after(&node, &GC, GpuClaims::None);
+        assert_eq!(after.get(l::GPU_PRESENT).map(String::as_str), Some("false"));
+        assert!(!after.contains_key(l::DEPLOY_DRA_VALIDATOR));
+        assert_eq!(
+            after.get("nvidia.com/gpu.deploy.nvsm").map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(
+            after.get(MODE).map(String::as_str),
+            Some("dra"),
+            "mode is never overwritten"
+        );
+    }
+
+    #[test]
+    fn default_mode_decides_only_when_both_crs_exist() {
+        let node = [(NFD, "true")];
+        let mode_of = |c: Cluster| {
+            plan(&map(&node), &BTreeMap::new(), &c, GpuClaims::Unknown)
+                .labels
+                .get(MODE)
+                .cloned()
+                .flatten()
+        };
+        assert_eq!(mode_of(cluster(true, false)), Some("dra".into()));
+        assert_eq!(mode_of(cluster(false, true)), Some("device-plugin".into()));
+        assert_eq!(mode_of(cluster(true, true)), Some("device-plugin".into()));
+        assert_eq!(
+            mode_of(Cluster {
+                default_mode: AllocationMode::Dra,
+                ..cluster(true, true)
+            }),
+            Some("dra".into())
+        );
+        assert_eq!(mode_of(cluster(false, false)), None);
+    }
+
+    #[test]
+    fn neither_cr_only_maintains_gpu_present() {
+        let node = [(NFD, "true"), (MODE, "dra"), (DP, "true")];
+        let p = plan(
+            &map(&node),
+            &BTreeMap::new(),
+            &cluster(false, false),
+            GpuClaims::Unknown,
+        );
+        assert_eq!(
+            p.labels,
+            BTreeMap::from([(l::GPU_PRESENT.to_string(), Some("true".to_string()))])
+        );
+    }
+
+    #[test]
+    fn admin_set_mode_is_honoured() {
+        let node = [(NFD, "true"), (MODE, "device-plugin")];
+        let after = labels_after(&node, &cluster(true, true), GpuClaims::None);
+        assert_eq!(after.get(MODE).map(String::as_str), Some("device-plugin"));
+        assert_eq!(after.get(DP).map(String::as_str), Some("true"));
+        assert!(!after.contains_key(DRA));
+    }
+
+    #[test]
+    fn invalid_mode_is_reported_never_overwritten_and_deploy_labels_are_left_alone() {
+        for bad in ["DRA", "gpu", "device_plugin"] {
+            let node = [(NFD, "true"), (MODE, bad), (DP, "true"), (DRA, "true")];
+            let p = plan(&map(&node), &BTreeMap::new(), &GC, GpuClaims::Unknown);
+            assert_eq!(p.findings, vec![Finding::InvalidMode(bad.into())]);
+            assert!(!p.labels.contains_key(MODE), "{bad}: {p:?}");
+            assert!(
+                !p.labels.contains_key(DP) && !p.labels.contains_key(DRA),
+                "{bad}: {p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_mode_counts_as_unset() {
+        let p = plan(
+            &map(&[(NFD, "true"), (MODE, "")]),
+            &BTreeMap::new(),
+            &GC,
+            GpuClaims::Unknown,
+        );
+        assert_eq!(sets(&p, MODE), Some("dra"));
+    }
+
+    #[test]
+    fn existing_non_empty_values_are_kept_and_empty_ones_set() {
+        let pause = l::PAUSED_FOR_DRIVER_UPGRADE;
+        let suffixed = "true_paused-for-driver-upgrade";
+        let node = [
+            (NFD, "true"),
+            (MODE, "dra"),
+            (l::DEPLOY_DRIVER, "pre-installed"),
+            (DRA, pause),
+            (l::DEPLOY_DRA_VALIDATOR, suffixed),
+            (l::DEPLOY_DCGM_DRA, "false"),
+            (l::DEPLOY_DCGM_EXPORTER_DRA, ""),
+        ];
+        let after = labels_after(&node, &GC, GpuClaims::Unknown);
+        assert_eq!(after[l::DEPLOY_DRIVER], "pre-installed");
+        assert_eq!(after[DRA], pause);
+        assert_eq!(after[l::DEPLOY_DRA_VALIDATOR], suffixed);
+        assert_eq!(after[l::DEPLOY_DCGM_DRA], "false");
+        assert_eq!(after[l::DEPLOY_DCGM_EXPORTER_DRA], "true");
+    }
+
+    #[test]
+    fn dra_nodes_sweep_the_device_plugin_plane_whatever_its_values() {
+        let node = [
+            (NFD, "true"),
+            (MODE, "dra"),
+            (DP, "paused-for-driver-upgrade"),
+            ("nvidia.com/gpu.deploy.mig-manager", "true"),
+            ("nvidia.com/gpu.deploy.operator-validator", "false"),
+        ];
+        let after = labels_after(&node, &GC, GpuClaims::Unknown);
+        for key in l::DEVICE_PLUGIN_ONLY_KEYS {
+            assert!(!after.contains_key(key), "{key} left on a DRA node");
+        }
+    }
+
+    #[test]
+    fn unknown_deploy_keys_and_operands_key_are_never_touched() {
+        let node = [
+            (NFD, "true"),
+            (MODE, "dra"),
+            ("nvidia.com/gpu.deploy.nvsm", "true"),
+            (l::DEPLOY_OPERANDS, "true"),
+            ("nvidia.com/mig.config", "all-disabled"),
+        ];
+        let p = plan(&map(&node), &BTreeMap::new(), &GC, GpuClaims::Unknown);
+        for key in [
+            "nvidia.com/gpu.deploy.nvsm",
+            l::DEPLOY_OPERANDS,
+            "nvidia.com/mig.config",
+        ] {
+            assert!(!p.labels.contains_key(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn kill_switch_removes_every_key_we_own_but_waits_for_claims_on_dra_driver() {
+        let node = [
+            (NFD, "true"),
+            (MODE, "dra"),
+            (l::DEPLOY_OPERANDS, "false"),
+            (DRA, "true"),
+            (l::DEPLOY_DRA_VALIDATOR, "true"),
+            (l::DEPLOY_DRIVER, "true"),
+            (DP, "true"),
+            ("nvidia.com/gpu.deploy.nvsm", "true"),
+        ];
+        let held = labels_after(&node, &GC, GpuClaims::Held);
+        assert_eq!(held.get(DRA).map(String::as_str), Some("true"));
+        assert!(!held.contains_key(l::DEPLOY_DRA_VALIDATOR) && !held.contains_key(DP));
+        let free = labels_after(&node, &GC, GpuClaims::None);
+        for key in owned_keys() {
+            assert!(!free.contains_key(key), "{key}");
+        }
+        assert!(free.contains_key("nvidia.com/gpu.deploy.nvsm"));
+        assert_eq!(
+            free.get(l::DEPLOY_OPERANDS).map(String::as_str),
+            Some("false")
+        );
+    }
+
+    #[test]
+    fn switching_away_from_dra_defers_dra_driver_until_claims_are_gone() {
+        let node = [
+            (NFD, "true"),
+            (MODE, "device-plugin"),
+            (DRA, "true"),
+            (l::DEPLOY_DRA_VALIDATOR, "true"),
+            (l::DEPLOY_DRIVER, "true"),
+        ];
+        let both = cluster(true, true);
+
+        let unknown = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::Unknown);
+        assert!(unknown.needs_claim_lookup);
+        assert!(!unknown.labels.contains_key(DRA));
+
+        let held = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::Held);
+        assert!(!held.labels.contains_key(DRA));
+        assert!(held.is_deferred());
+        assert_eq!(
+            held.labels.get(l::DEPLOY_DRA_VALIDATOR),
+            Some(&None),
+            "consumers go first"
+        );
+        assert_eq!(sets(&held, DP), Some("true"));
+        assert!(
+            !held.labels.contains_key(l::DEPLOY_DRIVER),
+            "the shared driver key stays"
+        );
+
+        let free = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::None);
+        assert_eq!(free.labels.get(DRA), Some(&None));
+        assert!(!free.is_deferred() && !free.needs_claim_lookup);
+    }
+
+    #[test]
+    fn device_plugin_plane_adds_mig_manager_on_mig_capable_non_vgpu_nodes() {
+        let cp = cluster(false, true);
+        for (extra, want) in [
+            (vec![(l::MIG_CAPABLE, "true")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-A100-SXM4-40GB")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3")], true),
+            (vec![(l::GPU_PRODUCT, "Tesla-T4")], false),
+            (
+                vec![
+                    (l::MIG_CAPABLE, "true"),
+                    (l::VGPU_HOST_DRIVER_VERSION, "550.1"),
+                ],
+                false,
+            ),
+        ] {
+            let mut node = vec![(NFD, "true")];
+            node.extend(extra.clone());
+            let after = labels_after(&node, &cp, GpuClaims::None);
+            assert_eq!(after.contains_key(l::DEPLOY_MIG_MANAGER), want, "{extra:?}");
+        }
+    }
+
+    #[test]
+    fn converged_node_needs_no_write() {
+        let node = [(NFD, "true")];
+        let after = labels_after(&node, &GC, GpuClaims::Unknown);
+        let pairs: Vec<(&str, &str)> = after
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let p = plan(&map(&pairs), &BTreeMap::new(), &GC, GpuClaims::Unknown);
+        assert!(!p.has_changes(), "{p:#?}");
+    }
+
+    #[test]
+    fn driver_upgrade_annotation_follows_the_policy_on_gpu_nodes() {
+        let node = map(&[(NFD, "true")]);
+        let on = Cluster {
+            driver_auto_upgrade: true,
+            ..GC
+        };
+        let p = plan(&node, &BTreeMap::new(), &on, GpuClaims::Unknown);
+        assert_eq!(
+            p.annotations.get(l::DRIVER_UPGRADE_ENABLED),
+            Some(&Some("true".into()))
+        );
+        let annotated = map(&[(l::DRIVER_UPGRADE_ENABLED, "true")]);
+        assert!(
+            plan(&node, &annotated, &on, GpuClaims::Unknown)
+                .annotations
+                .is_empty()
+        );
+        let off = plan(&node, &annotated, &GC, GpuClaims::Unknown);
+        assert_eq!(off.annotations.get(l::DRIVER_UPGRADE_ENABLED), Some(&None));
+        let cpu = plan(&map(&[]), &BTreeMap::new(), &on, GpuClaims::Unknown);
+        assert!(cpu.annotations.is_empty());
+    }
+}
