@@ -3,12 +3,19 @@
 #![forbid(unsafe_code)]
 
 pub mod atomic;
+pub mod cdi;
 pub mod checkpoint;
+pub mod claim;
 pub mod client;
+pub mod devices;
+pub mod driver;
 pub mod grpc;
+pub mod metrics;
 pub mod opaque;
 pub mod proto;
 pub mod registration;
 pub mod server;
 pub mod sockets;
+#[cfg(test)]
+mod testutil;
 pub mod types;

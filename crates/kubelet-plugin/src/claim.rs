@@ -1,0 +1,283 @@
+//! What a ResourceClaim asks of this node: the pure checks between the claim the kubelet names
+//! and the devices to prepare.
+
+use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
+use crate::opaque::{self, DeviceConfig};
+use crate::types::ClaimRef;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+/// One allocated device of this driver on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocated {
+    /// Base request name (a `<main>/<sub>` subrequest is reported as `<main>`).
+    pub request: String,
+    /// Device name.
+    pub device: String,
+    /// Allocated with admin access.
+    pub admin_access: bool,
+}
+
+/// Why a claim cannot be prepared here; the message names the cause.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// The claim was replaced by another with the same name.
+    #[error("UID mismatch: the kubelet asked for {expected}, the API has {found}")]
+    UidMismatch {
+        /// UID from the kubelet.
+        expected: String,
+        /// UID in the API.
+        found: String,
+    },
+    /// No allocation.
+    #[error("not allocated (status.allocation is empty)")]
+    NotAllocated,
+    /// Allocated, but nothing from this driver.
+    #[error("the allocation has no device from driver {0}")]
+    NoDevicesForDriver(String),
+    /// Allocated from another node's pool.
+    #[error("device {device} is allocated from pool {pool}, but this node serves pool {ours}")]
+    OtherPool {
+        /// Device name.
+        device: String,
+        /// Pool of the allocation.
+        pool: String,
+        /// This node's pool.
+        ours: String,
+    },
+    /// A device the node does not have.
+    #[error("device {0} is not one of this node's devices")]
+    UnknownDevice(String),
+    /// A configuration that cannot be applied.
+    #[error("configuration for {device}: {reason}")]
+    Config {
+        /// Device name.
+        device: String,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// The devices `claim` has from `driver` in `pool`, after checking the UID and the allocation.
+pub fn allocated_devices(
+    claim: &ResourceClaim,
+    expected: &ClaimRef,
+    driver: &str,
+    pool: &str,
+) -> Result<Vec<Allocated>, ClaimError> {
+    let found = claim.metadata.uid.clone().unwrap_or_default();
+    if found != expected.uid {
+        return Err(ClaimError::UidMismatch {
+            expected: expected.uid.clone(),
+            found,
+        });
+    }
+    let allocation = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .ok_or(ClaimError::NotAllocated)?;
+    let results = allocation
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default();
+    let ours: Vec<_> = results.iter().filter(|r| r.driver == driver).collect();
+    if ours.is_empty() {
+        return Err(ClaimError::NoDevicesForDriver(driver.to_owned()));
+    }
+    ours.into_iter()
+        .map(|r| {
+            if r.pool != pool {
+                return Err(ClaimError::OtherPool {
+                    device: r.device.clone(),
+                    pool: r.pool.clone(),
+                    ours: pool.to_owned(),
+                });
+            }
+            Ok(Allocated {
+                request: base_request(&r.request).to_owned(),
+                device: r.device.clone(),
+                admin_access: r.admin_access.unwrap_or(false),
+            })
+        })
+        .collect()
+}
+
+/// `<main>/<sub>` → `<main>`.
+pub fn base_request(request: &str) -> &str {
+    request.split_once('/').map_or(request, |(main, _)| main)
+}
+
+/// Looks up every allocated device and checks the opaque configs of this driver that apply to
+/// it: the right kind for the device, and settings this plugin honours.
+pub fn resolve<'t>(
+    claim: &ResourceClaim,
+    allocated: &[Allocated],
+    table: &'t DeviceTable,
+    driver: &str,
+) -> Result<Vec<&'t NodeDevice>, ClaimError> {
+    let configs = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    allocated
+        .iter()
+        .map(|a| {
+            let device = table
+                .devices
+                .get(&a.device)
+                .ok_or_else(|| ClaimError::UnknownDevice(a.device.clone()))?;
+            for config in configs {
+                let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
+                    continue;
+                };
+                let applies = config.requests.as_ref().is_none_or(|reqs| {
+                    reqs.is_empty() || reqs.iter().any(|r| base_request(r) == a.request)
+                });
+                if !applies {
+                    continue;
+                }
+                let bytes = serde_json::to_vec(&opaque.parameters.0).unwrap_or_default();
+                let bad = |reason: String| ClaimError::Config {
+                    device: a.device.clone(),
+                    reason,
+                };
+                let decoded = opaque::decode(&bytes).map_err(|e| bad(e.to_string()))?;
+                let fits = matches!(
+                    (&decoded, &device.kind),
+                    (DeviceConfig::Gpu(_), DeviceKind::Gpu { .. })
+                        | (DeviceConfig::Mig(_), DeviceKind::Mig(_))
+                );
+                if !fits {
+                    return Err(bad(format!(
+                        "{} does not apply to this kind of device",
+                        decoded.kind()
+                    )));
+                }
+                decoded.check_supported().map_err(|e| bad(e.to_string()))?;
+            }
+            Ok(device)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+
+    /// A claim `ns/name` with `uid`, allocated `(request, driver, pool, device, admin)` results.
+    pub fn claim(
+        name: &str,
+        uid: &str,
+        results: &[(&str, &str, &str, &str, bool)],
+        config: serde_json::Value,
+    ) -> ResourceClaim {
+        let results: Vec<_> = results
+            .iter()
+            .map(|(request, driver, pool, device, admin)| {
+                serde_json::json!({"request": request, "driver": driver, "pool": pool,
+                                   "device": device, "adminAccess": admin})
+            })
+            .collect();
+        let status = if results.is_empty() {
+            serde_json::json!({})
+        } else {
+            serde_json::json!({"allocation": {"devices": {"results": results, "config": config}}})
+        };
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "spec": {"devices": {}},
+            "status": status,
+        }))
+        .expect("a valid claim")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::claim;
+    use super::*;
+
+    fn cref(uid: &str) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            uid: uid.into(),
+            name: "c".into(),
+        }
+    }
+
+    #[test]
+    fn results_of_this_driver_and_pool_are_taken() {
+        let c = claim(
+            "c",
+            "u1",
+            &[
+                ("gpus/big", "gpu.nvidia.com", "node-a", "gpu-0", false),
+                ("nic", "other.example.com", "node-a", "nic-0", false),
+                ("mon", "gpu.nvidia.com", "node-a", "gpu-1", true),
+            ],
+            serde_json::json!([]),
+        );
+        let got = allocated_devices(&c, &cref("u1"), "gpu.nvidia.com", "node-a").unwrap();
+        assert_eq!(
+            got,
+            [
+                Allocated {
+                    request: "gpus".into(),
+                    device: "gpu-0".into(),
+                    admin_access: false
+                },
+                Allocated {
+                    request: "mon".into(),
+                    device: "gpu-1".into(),
+                    admin_access: true
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn each_refusal_names_its_cause() {
+        let ok = [("gpu", "gpu.nvidia.com", "node-a", "gpu-0", false)];
+        let c = claim("c", "u1", &ok, serde_json::json!([]));
+        let check = |c: &ResourceClaim, uid: &str| {
+            allocated_devices(c, &cref(uid), "gpu.nvidia.com", "node-a")
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            check(&c, "u2"),
+            "UID mismatch: the kubelet asked for u2, the API has u1"
+        );
+        assert_eq!(
+            check(&claim("c", "u1", &[], serde_json::json!([])), "u1"),
+            "not allocated (status.allocation is empty)"
+        );
+        let other_driver = claim(
+            "c",
+            "u1",
+            &[("gpu", "x.example.com", "node-a", "d", false)],
+            serde_json::json!([]),
+        );
+        assert_eq!(
+            check(&other_driver, "u1"),
+            "the allocation has no device from driver gpu.nvidia.com"
+        );
+        let other_node = claim(
+            "c",
+            "u1",
+            &[("gpu", "gpu.nvidia.com", "node-b", "gpu-0", false)],
+            serde_json::json!([]),
+        );
+        assert_eq!(
+            check(&other_node, "u1"),
+            "device gpu-0 is allocated from pool node-b, but this node serves pool node-a"
+        );
+    }
+}

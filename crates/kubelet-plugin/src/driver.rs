@@ -1,0 +1,554 @@
+//! Prepare and unprepare: the claim checks of [`crate::claim`], the checkpoint and the CDI
+//! specs, put together.
+//!
+//! Claims are handled concurrently. The claim GET holds no lock; each checkpoint update (check,
+//! change, atomic write) happens under one mutex, so updates are serialized and a device can
+//! never be recorded for two exclusive claims.
+
+use crate::cdi::{self, CdiWriter};
+use crate::checkpoint::{Checkpoint, CheckpointStore, ClaimEntry, ClaimState, LoadOutcome};
+use crate::claim;
+use crate::devices::DeviceTable;
+use crate::metrics::{Metrics, Operation};
+use crate::types::{ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use std::future::Future;
+use std::io;
+use std::time::Instant;
+use tokio::sync::Mutex;
+
+/// Where claims are read from.
+pub trait ClaimSource: Send + Sync + 'static {
+    /// The claim `namespace/name`, or a message saying why it could not be read.
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<ResourceClaim, String>> + Send;
+}
+
+/// Claims read from the API server.
+#[derive(Clone)]
+pub struct KubeClaims(pub kube::Client);
+
+impl std::fmt::Debug for KubeClaims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeClaims")
+    }
+}
+
+impl ClaimSource for KubeClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.0.clone(), namespace);
+        api.get(name).await.map_err(|e| match e {
+            kube::Error::Api(s) if s.is_not_found() => "not found in the API".to_owned(),
+            other => format!("reading it from the API failed: {other}"),
+        })
+    }
+}
+
+/// What [`Driver::start`] found and fixed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartReport {
+    /// What loading the checkpoint found.
+    pub outcome: LoadOutcome,
+    /// Claims left in `PrepareStarted` by a crash, rolled back (CDI spec removed).
+    pub rolled_back: Vec<ClaimRef>,
+    /// Claims restored as prepared.
+    pub restored: usize,
+}
+
+/// The prepare/unprepare backend.
+#[derive(Debug)]
+pub struct Driver<C> {
+    driver_name: String,
+    pool: String,
+    claims: C,
+    table: DeviceTable,
+    cdi: CdiWriter,
+    store: CheckpointStore,
+    state: Mutex<Checkpoint>,
+    metrics: Option<Metrics>,
+}
+
+impl<C: ClaimSource> Driver<C> {
+    /// Loads the checkpoint, rolls back claims a crash left half-prepared, and returns the
+    /// driver for `pool` (the node name) with what it found.
+    pub fn start(
+        driver_name: &str,
+        pool: &str,
+        claims: C,
+        table: DeviceTable,
+        cdi: CdiWriter,
+        store: CheckpointStore,
+    ) -> io::Result<(Self, StartReport)> {
+        let (mut checkpoint, outcome) = store.load()?;
+        let started = checkpoint.take_started();
+        let mut rolled_back = Vec::new();
+        for (uid, entry) in started {
+            cdi.remove(&uid)?;
+            rolled_back.push(ClaimRef {
+                namespace: entry.namespace,
+                uid,
+                name: entry.name,
+            });
+        }
+        if outcome != LoadOutcome::Restored || !rolled_back.is_empty() {
+            store.save(&checkpoint)?;
+        }
+        let report = StartReport {
+            outcome,
+            rolled_back,
+            restored: checkpoint.claims.len(),
+        };
+        let driver = Self {
+            driver_name: driver_name.to_owned(),
+            pool: pool.to_owned(),
+            claims,
+            table,
+            cdi,
+            store,
+            state: Mutex::new(checkpoint),
+            metrics: None,
+        };
+        Ok((driver, report))
+    }
+
+    /// Records metrics from now on.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        metrics.set_prepared_devices(0);
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The node's devices.
+    pub fn devices(&self) -> &DeviceTable {
+        &self.table
+    }
+
+    fn completed(checkpoint: &Checkpoint, uid: &str) -> Option<Vec<PreparedDevice>> {
+        checkpoint
+            .claims
+            .get(uid)
+            .filter(|e| e.state == ClaimState::PrepareCompleted)
+            .map(|e| e.devices.clone())
+    }
+
+    fn save(&self, checkpoint: &Checkpoint) -> Result<(), String> {
+        self.store
+            .save(checkpoint)
+            .map_err(|e| format!("writing the checkpoint failed: {e}"))?;
+        if let Some(m) = &self.metrics {
+            let devices = checkpoint.claims.values().map(|e| e.devices.len()).sum();
+            m.set_prepared_devices(devices);
+        }
+        Ok(())
+    }
+
+    /// Prepares one claim; the error names the cause (the caller adds the claim).
+    pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        if let Some(done) = Self::completed(&*self.state.lock().await, &claim.uid) {
+            return Ok(done);
+        }
+        let object = self.claims.get(&claim.namespace, &claim.name).await?;
+        let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)
+            .map_err(|e| e.to_string())?;
+        let devices = claim::resolve(&object, &allocated, &self.table, &self.driver_name)
+            .map_err(|e| e.to_string())?;
+        let prepared: Vec<PreparedDevice> = allocated
+            .iter()
+            .map(|a| PreparedDevice {
+                request_names: vec![a.request.clone()],
+                pool: self.pool.clone(),
+                device: a.device.clone(),
+                cdi_device_ids: vec![cdi::device_id(&claim.uid, &a.device)],
+                admin_access: a.admin_access,
+            })
+            .collect();
+
+        {
+            let mut state = self.state.lock().await;
+            if let Some(done) = Self::completed(&state, &claim.uid) {
+                return Ok(done);
+            }
+            for d in prepared.iter().filter(|d| !d.admin_access) {
+                if let Some(holder) = state.exclusive_holder(&claim.uid, &d.pool, &d.device) {
+                    return Err(format!(
+                        "device {} is already prepared for claim {holder}",
+                        d.device
+                    ));
+                }
+            }
+            state.claims.insert(
+                claim.uid.clone(),
+                ClaimEntry {
+                    state: ClaimState::PrepareStarted,
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    devices: prepared.clone(),
+                },
+            );
+            if let Err(e) = self.save(&state) {
+                state.claims.remove(&claim.uid);
+                return Err(e);
+            }
+        }
+
+        let written = self.cdi.write(&claim.uid, &devices);
+        let mut state = self.state.lock().await;
+        if let Err(e) = written {
+            let _ = self.cdi.remove(&claim.uid);
+            state.claims.remove(&claim.uid);
+            self.save(&state)?;
+            return Err(format!("writing the CDI spec failed: {e}"));
+        }
+        if let Some(entry) = state.claims.get_mut(&claim.uid) {
+            entry.state = ClaimState::PrepareCompleted;
+        }
+        self.save(&state)?;
+        Ok(prepared)
+    }
+
+    /// Unprepares one claim: removes its CDI spec and checkpoint entry. Unknown claims succeed.
+    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), String> {
+        let mut state = self.state.lock().await;
+        if !state.claims.contains_key(&claim.uid) {
+            return Ok(());
+        }
+        self.cdi
+            .remove(&claim.uid)
+            .map_err(|e| format!("removing the CDI spec failed: {e}"))?;
+        state.claims.remove(&claim.uid);
+        self.save(&state)
+    }
+
+    fn observe(&self, operation: Operation, ok: bool, started: Instant) {
+        if let Some(m) = &self.metrics {
+            m.observe(operation, ok, started.elapsed());
+        }
+    }
+}
+
+impl<C: ClaimSource> Driver<C> {
+    /// Runs `op` on every claim concurrently, with metrics, a log line per failure and the
+    /// claim named in every error.
+    async fn each_claim<'a, T, F, Fut>(
+        &'a self,
+        operation: Operation,
+        claims: &'a [ClaimRef],
+        op: F,
+    ) -> std::collections::BTreeMap<String, Result<T, String>>
+    where
+        F: Fn(&'a Self, &'a ClaimRef) -> Fut,
+        Fut: Future<Output = Result<T, String>> + 'a,
+    {
+        let each = claims.iter().map(|c| {
+            let fut = op(self, c);
+            async move {
+                let started = Instant::now();
+                let result = fut.await;
+                self.observe(operation, result.is_ok(), started);
+                if let Err(e) = &result {
+                    tracing::warn!(claim = %c, error = %e, ?operation, "claim failed");
+                }
+                (c.uid.clone(), result.map_err(|e| format!("claim {c}: {e}")))
+            }
+        });
+        futures::future::join_all(each).await.into_iter().collect()
+    }
+}
+
+impl<C: ClaimSource> DraBackend for Driver<C> {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        self.each_claim(Operation::Prepare, &claims, |d, c| d.prepare_claim(c))
+            .await
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        self.each_claim(Operation::Unprepare, &claims, |d, c| d.unprepare_claim(c))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::fixtures::claim;
+    use crate::testutil::table;
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const NODE: &str = "node-a";
+    const DRIVER: &str = "gpu.nvidia.com";
+
+    #[derive(Default)]
+    struct Claims {
+        objects: std::sync::Mutex<HashMap<String, ResourceClaim>>,
+        gets: AtomicUsize,
+    }
+
+    impl Claims {
+        fn put(&self, c: ResourceClaim) {
+            let name = c.metadata.name.clone().unwrap();
+            self.objects.lock().unwrap().insert(name, c);
+        }
+    }
+
+    impl ClaimSource for Arc<Claims> {
+        async fn get(&self, _ns: &str, name: &str) -> Result<ResourceClaim, String> {
+            self.gets.fetch_add(1, Ordering::SeqCst);
+            self.objects
+                .lock()
+                .unwrap()
+                .get(name)
+                .cloned()
+                .ok_or_else(|| "not found in the API".to_owned())
+        }
+    }
+
+    fn exclusive(name: &str, uid: &str, devices: &[&str]) -> ResourceClaim {
+        let results: Vec<_> = devices
+            .iter()
+            .map(|d| ("gpu", DRIVER, NODE, *d, false))
+            .collect();
+        claim(name, uid, &results, serde_json::json!([]))
+    }
+
+    fn cref(name: &str, uid: &str) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            uid: uid.into(),
+            name: name.into(),
+        }
+    }
+
+    fn driver(dir: &Path, claims: &Arc<Claims>) -> (Driver<Arc<Claims>>, StartReport) {
+        Driver::start(
+            DRIVER,
+            NODE,
+            Arc::clone(claims),
+            table(8),
+            CdiWriter::new(&dir.join("cdi"), &dir.join("devroot")),
+            CheckpointStore::new(&dir.join("plugin"), "boot-1"),
+        )
+        .unwrap()
+    }
+
+    fn setup() -> (tempfile::TempDir, Arc<Claims>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("plugin")).unwrap();
+        (dir, Arc::default())
+    }
+
+    #[tokio::test]
+    async fn prepare_is_answered_from_the_checkpoint_the_second_time() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("a", "u1", &["gpu-0", "gpu-3"]));
+        let (d, report) = driver(dir.path(), &claims);
+        assert_eq!(report.outcome, LoadOutcome::Missing);
+
+        let first = d.prepare(vec![cref("a", "u1")]).await;
+        let devices = first["u1"].as_ref().unwrap();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[1].device, "gpu-3");
+        assert_eq!(devices[1].pool, NODE);
+        assert_eq!(devices[1].request_names, ["gpu"]);
+        assert_eq!(
+            devices[1].cdi_device_ids,
+            ["k8s.gpu.nvidia.com/claim=u1-gpu-3"]
+        );
+        let spec = dir.path().join("cdi/k8s.gpu.nvidia.com-claim_u1.yaml");
+        let checkpoint = std::fs::read(dir.path().join("plugin/checkpoint.json")).unwrap();
+        assert!(spec.exists());
+
+        let second = d.prepare(vec![cref("a", "u1")]).await;
+        assert_eq!(first, second);
+        assert_eq!(claims.gets.load(Ordering::SeqCst), 1, "no second GET");
+        assert_eq!(
+            std::fs::read(dir.path().join("plugin/checkpoint.json")).unwrap(),
+            checkpoint
+        );
+
+        // A restarted plugin answers from the checkpoint too.
+        drop(d);
+        let (d, report) = driver(dir.path(), &claims);
+        assert_eq!(
+            (report.outcome, report.restored),
+            (LoadOutcome::Restored, 1)
+        );
+        assert_eq!(d.prepare(vec![cref("a", "u1")]).await, first);
+        assert_eq!(claims.gets.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn refusals_are_per_claim_and_name_claim_and_cause() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("ok", "u1", &["gpu-0"]));
+        claims.put(claim("unallocated", "u2", &[], serde_json::json!([])));
+        claims.put(claim(
+            "elsewhere",
+            "u3",
+            &[("gpu", DRIVER, "node-b", "gpu-1", false)],
+            serde_json::json!([]),
+        ));
+        claims.put(exclusive("replaced", "u4-new", &["gpu-2"]));
+        claims.put(exclusive("second", "u5", &["gpu-0"]));
+        claims.put(exclusive("ghost", "u6", &["gpu-99"]));
+        let (d, _) = driver(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("ok", "u1")]).await["u1"].is_ok());
+        let answers = d
+            .prepare(vec![
+                cref("unallocated", "u2"),
+                cref("elsewhere", "u3"),
+                cref("replaced", "u4"),
+                cref("second", "u5"),
+                cref("ghost", "u6"),
+                cref("missing", "u7"),
+            ])
+            .await;
+        let err = |uid: &str| answers[uid].clone().unwrap_err();
+        assert_eq!(
+            err("u2"),
+            "claim ns/unallocated (uid u2): not allocated (status.allocation is empty)"
+        );
+        assert!(
+            err("u3").contains("claim ns/elsewhere") && err("u3").contains("pool node-b"),
+            "{}",
+            err("u3")
+        );
+        assert!(err("u4").contains("UID mismatch"), "{}", err("u4"));
+        assert_eq!(
+            err("u5"),
+            "claim ns/second (uid u5): device gpu-0 is already prepared for claim u1"
+        );
+        assert!(
+            err("u6").contains("gpu-99 is not one of this node's devices"),
+            "{}",
+            err("u6")
+        );
+        assert!(err("u7").contains("not found in the API"), "{}", err("u7"));
+        let cdi: Vec<_> = std::fs::read_dir(dir.path().join("cdi")).unwrap().collect();
+        assert_eq!(cdi.len(), 1, "only the good claim has a spec");
+    }
+
+    #[tokio::test]
+    async fn admin_access_shares_a_prepared_device() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("user", "u1", &["gpu-0"]));
+        claims.put(claim(
+            "monitor",
+            "u2",
+            &[("mon", DRIVER, NODE, "gpu-0", true)],
+            serde_json::json!([]),
+        ));
+        let (d, _) = driver(dir.path(), &claims);
+        let answers = d
+            .prepare(vec![cref("user", "u1"), cref("monitor", "u2")])
+            .await;
+        assert!(answers.values().all(Result::is_ok), "{answers:?}");
+    }
+
+    #[tokio::test]
+    async fn concurrent_claims_for_one_device_let_exactly_one_through() {
+        let (dir, claims) = setup();
+        for i in 0..8 {
+            claims.put(exclusive(&format!("c{i}"), &format!("u{i}"), &["gpu-5"]));
+        }
+        let (d, _) = driver(dir.path(), &claims);
+        let d = Arc::new(d);
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let d = Arc::clone(&d);
+                tokio::spawn(async move {
+                    d.prepare(vec![cref(&format!("c{i}"), &format!("u{i}"))])
+                        .await
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for t in tasks {
+            ok += t.await.unwrap().values().filter(|r| r.is_ok()).count();
+        }
+        assert_eq!(ok, 1);
+    }
+
+    #[tokio::test]
+    async fn unprepare_is_idempotent_and_unknown_claims_succeed() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("a", "u1", &["gpu-0"]));
+        let (d, _) = driver(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("a", "u1")]).await["u1"].is_ok());
+        for _ in 0..2 {
+            let answers = d
+                .unprepare(vec![cref("a", "u1"), cref("never", "u9")])
+                .await;
+            assert_eq!(
+                answers,
+                [("u1".to_owned(), Ok(())), ("u9".to_owned(), Ok(()))].into()
+            );
+        }
+        assert!(
+            !dir.path()
+                .join("cdi/k8s.gpu.nvidia.com-claim_u1.yaml")
+                .exists()
+        );
+        // The device is free again.
+        claims.put(exclusive("b", "u2", &["gpu-0"]));
+        assert!(d.prepare(vec![cref("b", "u2")]).await["u2"].is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_crash_mid_prepare_is_rolled_back_at_start() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("done", "u1", &["gpu-0"]));
+        let (d, _) = driver(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("done", "u1")]).await["u1"].is_ok());
+        drop(d);
+        // What a kill between PrepareStarted and PrepareCompleted leaves: the entry and a spec.
+        let store = CheckpointStore::new(&dir.path().join("plugin"), "boot-1");
+        let (mut cp, _) = store.load().unwrap();
+        cp.claims.insert(
+            "u2".into(),
+            ClaimEntry {
+                state: ClaimState::PrepareStarted,
+                namespace: "ns".into(),
+                name: "half".into(),
+                devices: vec![],
+            },
+        );
+        store.save(&cp).unwrap();
+        let half = dir.path().join("cdi/k8s.gpu.nvidia.com-claim_u2.yaml");
+        std::fs::write(&half, b"partial").unwrap();
+
+        let (d, report) = driver(dir.path(), &claims);
+        assert_eq!(report.rolled_back, [cref("half", "u2")]);
+        assert_eq!(report.restored, 1);
+        assert!(!half.exists(), "no leaked CDI file");
+        assert!(
+            dir.path()
+                .join("cdi/k8s.gpu.nvidia.com-claim_u1.yaml")
+                .exists()
+        );
+        assert!(d.prepare(vec![cref("done", "u1")]).await["u1"].is_ok());
+        assert_eq!(
+            claims.gets.load(Ordering::SeqCst),
+            1,
+            "completed claim kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_corrupted_checkpoint_starts_empty() {
+        let (dir, claims) = setup();
+        std::fs::write(dir.path().join("plugin/checkpoint.json"), b"garbage").unwrap();
+        let (_, report) = driver(dir.path(), &claims);
+        assert!(
+            matches!(report.outcome, LoadOutcome::Corrupted { .. }),
+            "{report:?}"
+        );
+        let (_, report) = driver(dir.path(), &claims);
+        assert_eq!(report.outcome, LoadOutcome::Restored);
+    }
+}

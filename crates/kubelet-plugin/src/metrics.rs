@@ -1,0 +1,125 @@
+//! Prometheus metrics of the prepare and unprepare paths.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::time::Duration;
+
+/// Which DRA call.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Operation {
+    /// `NodePrepareResources`, per claim.
+    Prepare,
+    /// `NodeUnprepareResources`, per claim.
+    Unprepare,
+}
+
+/// Labels of the per-operation metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    /// The call.
+    pub operation: Operation,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms to about 4 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+}
+
+/// The plugin's metrics; cheap to clone (shared counters).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    requests: Family<OperationLabels, Counter>,
+    errors: Family<OperationLabels, Counter>,
+    duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    prepared_devices: Gauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them under `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            requests: Family::default(),
+            errors: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            prepared_devices: Gauge::default(),
+        };
+        let sub = registry.sub_registry_with_prefix("gpu_kubelet_plugin");
+        sub.register(
+            "claim_requests",
+            "Claims handled, per operation",
+            metrics.requests.clone(),
+        );
+        sub.register(
+            "claim_errors",
+            "Claims that failed, per operation",
+            metrics.errors.clone(),
+        );
+        sub.register(
+            "claim_duration_seconds",
+            "Time to prepare or unprepare one claim",
+            metrics.duration.clone(),
+        );
+        sub.register(
+            "prepared_devices",
+            "Devices currently prepared",
+            metrics.prepared_devices.clone(),
+        );
+        metrics
+    }
+
+    /// Records one claim's outcome and time.
+    pub fn observe(&self, operation: Operation, ok: bool, took: Duration) {
+        let labels = OperationLabels { operation };
+        self.requests.get_or_create(&labels).inc();
+        if !ok {
+            self.errors.get_or_create(&labels).inc();
+        }
+        self.duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    /// Sets the number of prepared devices.
+    pub fn set_prepared_devices(&self, count: usize) {
+        self.prepared_devices
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_show_up_in_the_exposition() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.observe(Operation::Prepare, true, Duration::from_millis(1));
+        metrics.observe(Operation::Prepare, false, Duration::from_millis(1));
+        metrics.set_prepared_devices(3);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("gpu_kubelet_plugin_claim_requests_total{operation=\"Prepare\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_kubelet_plugin_claim_errors_total{operation=\"Prepare\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_kubelet_plugin_prepared_devices 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gpu_kubelet_plugin_claim_duration_seconds_count{operation=\"Prepare\"} 2"
+            ),
+            "{text}"
+        );
+    }
+}

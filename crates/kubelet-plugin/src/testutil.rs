@@ -1,0 +1,56 @@
+//! Test fixtures shared by the unit tests.
+
+use crate::devices::{DeviceKind, DeviceTable, GpuCommon, NodeDevice};
+use gpu_discovery::MigDevice;
+
+/// One MiB.
+pub const MIB: u64 = 1 << 20;
+
+/// A full A100 with minor `minor`.
+pub fn gpu(minor: u32) -> NodeDevice {
+    NodeDevice {
+        name: format!("gpu-{minor}"),
+        uuid: format!("GPU-{minor}"),
+        gpu: GpuCommon {
+            product_name: "NVIDIA A100-SXM4-40GB".into(),
+            brand: "Nvidia".into(),
+            architecture: "Ampere".into(),
+            cuda_compute_capability: (8, 0),
+            pci_bus_id: format!("0000:{:02x}:00.0", minor + 7),
+            minor,
+            gpu_uuid: format!("GPU-{minor}"),
+        },
+        kind: DeviceKind::Gpu {
+            memory_bytes: Some(40 << 30),
+        },
+    }
+}
+
+/// A table of `n` full GPUs.
+pub fn table(n: u32) -> DeviceTable {
+    DeviceTable {
+        driver_version: "580.95.05".into(),
+        cuda_driver_version: (13, 0),
+        devices: (0..n).map(|m| (format!("gpu-{m}"), gpu(m))).collect(),
+    }
+}
+
+/// A MIG device of `profile` with `mib` of memory on GPU 0.
+pub fn mig(profile: &str, mib: u64) -> MigDevice {
+    MigDevice {
+        parent_uuid: "GPU-0".into(),
+        parent_minor: 0,
+        index: 0,
+        uuid: format!("MIG-{profile}"),
+        profile: profile.into(),
+        gpu_instance_profile_id: 19,
+        slices: 1,
+        memory_bytes: mib * MIB,
+        multiprocessors: 14,
+        copy_engines: 1,
+        decoders: 0,
+        encoders: 0,
+        jpeg_engines: 0,
+        ofa_engines: 0,
+    }
+}
