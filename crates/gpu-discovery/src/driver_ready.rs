@@ -4,6 +4,7 @@
 //! `NVIDIA_DEV_ROOT` and `DEV_ROOT_CTR_PATH`, written atomically so a reader never sees a part.
 
 use crate::atomic::write_atomic;
+use crate::root::{SearchedRoot, find_library};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -124,6 +125,12 @@ impl DriverReady {
             source,
         })?;
         Self::parse(&text)
+    }
+
+    /// Finds the driver's `libnvidia-ml.so.1` under the driver root as this container sees it
+    /// (what the kubelet plugin opens NVML from after reading the file).
+    pub fn nvml_library(&self) -> Result<PathBuf, SearchedRoot> {
+        find_library(&self.driver_root_ctr_path, "driver root")
     }
 
     /// Writes the file at `path` atomically.

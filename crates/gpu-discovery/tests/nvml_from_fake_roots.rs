@@ -169,6 +169,17 @@ fn a_container_driver_root_serves_the_mixed_mig_layout() {
 }
 
 #[test]
+fn a_reader_of_driver_ready_opens_the_same_nvml() {
+    let node = FakeNode::new();
+    node.install_container_driver(&mock_config("t4", 1), false);
+    let found = root::probe(&node.settings()).unwrap();
+    let ready = found.driver_ready();
+    assert_eq!(ready.nvml_library().unwrap(), found.nvml_library);
+    let inv = open(&ready.nvml_library().unwrap()).inventory().unwrap();
+    assert_eq!(inv.gpus[0].product_name, "Tesla T4");
+}
+
+#[test]
 fn the_host_driver_wins_over_the_container_driver() {
     let node = FakeNode::new();
     node.install_container_driver(&mock_config("h100-sxm5-80gb", 1), true);

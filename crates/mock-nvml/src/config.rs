@@ -6,6 +6,11 @@
 //! "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}]}}`.
 //! Env overrides: `MOCK_NVML_PROFILE`, `MOCK_NVML_GPU_COUNT`, `MOCK_NVML_INIT_ERROR`,
 //! `MOCK_NVML_LOST_GPUS` (`0,2`), `MOCK_NVML_XID` (`gpu:xid,...`).
+//!
+//! The profile and GPU count are read at the first `nvmlInit`. The control file is read again
+//! whenever it changes while NVML is open; its faults then replace those in force, and its XID
+//! events are queued again. Replace it atomically (write a temp file, rename) so that no half
+//! file is ever read.
 
 use serde::Deserialize;
 

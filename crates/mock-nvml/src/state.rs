@@ -38,7 +38,7 @@ pub struct Session {
     pending: VecDeque<XidEvent>,
     event_sets: HashMap<u32, Vec<(u32, u64)>>,
     next_set: u32,
-    control: Option<(PathBuf, Option<(SystemTime, u64)>)>,
+    control: Option<(PathBuf, Option<Stamp>)>,
 }
 
 /// A device handle resolved against the session.
@@ -225,9 +225,13 @@ fn mapping_path(line: &str, address: usize) -> Option<PathBuf> {
     (start <= address && address < end && path.starts_with('/')).then(|| PathBuf::from(path))
 }
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// What tells a changed control file from the one last read (an atomic replace changes the inode).
+type Stamp = (SystemTime, u64, u64);
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
+    Some((meta.modified().ok()?, meta.len(), meta.ino()))
 }
 
 impl Session {
