@@ -13,7 +13,7 @@ CARGO ?= cargo
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: build test lint fmt generate test-rust check-generated demo help
+.PHONY: build test lint fmt generate test-rust test-e2e demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -34,7 +34,11 @@ generate: ## Regenerate the CRD YAML from crates/api
 test-rust: ## Every Rust test in the workspace (unit, snapshot, dlopen of the mock NVML, wire tests)
 	$(CARGO) test --workspace --locked --no-fail-fast
 
-test: lint test-rust $(TEST_TARGETS) ## What CI runs: lint, then every test
+test-e2e: hack-tools ## End-to-end suite on a local cluster of its own (e2e/run.sh)
+	$(CARGO) build --workspace --bins --locked
+	CACHE_DIR=$(CACHE_DIR) e2e/run.sh
+
+test: lint test-rust $(TEST_TARGETS) test-e2e ## What CI runs: lint, then every test
 	@echo "make test: all suites passed"
 
 demo: ## Run the product on the local cluster (arrives with the end-to-end issue)

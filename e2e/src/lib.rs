@@ -1,1 +1,184 @@
-//! End-to-end tests against the local control plane in `hack/`; the scenarios arrive with the end-to-end issue.
+//! Shared harness of the end-to-end tests. They run against the local cluster that `make test-e2e`
+//! brings up (`hack/cluster`), with our binaries as host processes. Without that cluster (plain
+//! `cargo test`) each test prints why it is skipped and passes.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Where the running cluster and our built binaries are.
+#[derive(Clone, Debug)]
+pub struct Env {
+    /// Cluster-admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// Folder holding `gpu-operator`, `node-labeler`, ... (the cargo target's `debug/`).
+    pub bin_dir: PathBuf,
+    /// Folder for logs of the processes a test starts.
+    pub log_dir: PathBuf,
+}
+
+impl Env {
+    /// The environment `make test-e2e` sets, or `None` (with a printed reason) outside it.
+    pub fn from_env(test: &str) -> Option<Env> {
+        let Some(kubeconfig) = std::env::var_os("E2E_KUBECONFIG") else {
+            eprintln!("{test}: skipped: E2E_KUBECONFIG is not set (run `make test-e2e`)");
+            return None;
+        };
+        let bin_dir = std::env::var_os("E2E_BIN_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let target = std::env::var_os("CARGO_TARGET_DIR")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+                target.join("debug")
+            });
+        let log_dir = std::env::var_os("E2E_LOG_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        Some(Env {
+            kubeconfig: kubeconfig.into(),
+            bin_dir,
+            log_dir,
+        })
+    }
+
+    /// A client for the cluster, as cluster admin.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Starts one of our binaries with `KUBECONFIG` set; its output goes to `<log_dir>/<log>.log`.
+    pub fn spawn(&self, bin: &str, log: &str, envs: &[(&str, &str)]) -> anyhow::Result<Process> {
+        let path = self.bin_dir.join(bin);
+        std::fs::create_dir_all(&self.log_dir)?;
+        let log_path = self.log_dir.join(format!("{log}.log"));
+        let out = std::fs::File::create(&log_path)?;
+        let child = Command::new(&path)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", path.display()))?;
+        Ok(Process { child, log_path })
+    }
+}
+
+/// A child process that is killed when the test lets go of it.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    /// Where its output goes.
+    pub log_path: PathBuf,
+}
+
+impl Process {
+    /// Sends SIGKILL and reaps the process.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The process's resident set size in KiB, from `/proc`.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// The last lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, or fails after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let start = Instant::now();
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if start.elapsed() > timeout {
+            match last_error {
+                Some(e) => {
+                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
+                }
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Installs (server-side applies) the GPUCluster CRD from crates/api and waits until it is served.
+pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = api::gpucluster::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.patch(
+        &name,
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    eventually(
+        Duration::from_secs(30),
+        "the GPUCluster CRD to be established",
+        || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let crd = crds.get(&name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            }
+        },
+    )
+    .await
+}
+
+/// Reads one sample of a Prometheus text metric from `http://<addr>/metrics`.
+pub async fn metric(addr: &str, name: &str) -> anyhow::Result<f64> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    body.lines()
+        .find_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            (key == name).then(|| value.parse().ok()).flatten()
+        })
+        .with_context(|| format!("metric {name} not found at {addr}"))
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the end-to-end suite (e2e/tests) on a local cluster of its own: `hack/cluster up` in
+# .cluster/e2e on ports from E2E_PORT_BASE (default 28000), `cargo test -p e2e`, then `down`, pass or
+# fail. Logs of the cluster and of the processes the tests start are kept in .cluster/e2e-logs.
+set -euo pipefail
+
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_DIR"
+export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
+export CLUSTER_DIR="$REPO_DIR/.cluster/e2e"
+export PORT_BASE="${E2E_PORT_BASE:-28000}"
+export NODES="${NODES:-3}" CPU_NODES="${CPU_NODES:-2}"
+KEEP_LOGS="$REPO_DIR/.cluster/e2e-logs"
+
+finish() {
+  local rc=$?
+  rm -rf "$KEEP_LOGS" && mkdir -p "$KEEP_LOGS"
+  cp -r "$CLUSTER_DIR/logs/." "$KEEP_LOGS/" 2>/dev/null || true
+  hack/cluster down >/dev/null 2>&1 || hack/cluster down
+  if ((rc == 0)); then echo "e2e: PASS"; else echo "e2e: FAIL (logs in $KEEP_LOGS)" >&2; fi
+  exit "$rc"
+}
+trap finish EXIT
+
+hack/cluster up
+export E2E_KUBECONFIG="$CLUSTER_DIR/kubeconfig"
+export E2E_BIN_DIR="$CARGO_TARGET_DIR/debug"
+export E2E_LOG_DIR="$CLUSTER_DIR/logs/e2e"
+cargo test -p e2e --locked -- --test-threads=1 --nocapture
