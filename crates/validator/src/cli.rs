@@ -37,9 +37,10 @@ pub struct Common {
     /// Directory for status files (`driver-ready`, `workload-ready`).
     #[arg(long, env = "OUTPUT_DIR", default_value = DEFAULT_STATUS_DIR, global = true)]
     pub output_dir: PathBuf,
-    /// Keep retrying until the check passes (or the timeout ends), instead of failing at once.
+    /// Keep retrying until the check passes (or the timeout ends), instead of failing at once
+    /// (`--with-wait`, or `--with-wait=false`).
     #[arg(long, env = "WITH_WAIT", default_value_t = false, action = clap::ArgAction::Set,
-          num_args = 0..=1, default_missing_value = "true", global = true)]
+          num_args = 0..=1, require_equals = true, default_missing_value = "true", global = true)]
     pub with_wait: bool,
     /// Seconds between retries.
     #[arg(long, env = "SLEEP_INTERVAL_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..), global = true)]
@@ -76,7 +77,7 @@ pub struct DriverArgs {
     /// Initialise NVML without attaching GPUs (for GPUs bound to vfio-pci): check the driver
     /// version only.
     #[arg(long, env = "SKIP_GPU_INIT", default_value_t = false, action = clap::ArgAction::Set,
-          num_args = 0..=1, default_missing_value = "true")]
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub skip_gpu_init: bool,
 }
 
@@ -122,7 +123,18 @@ mod tests {
         let err =
             Cli::try_parse_from(["v", "driver", "--sleep-interval-seconds", "0"]).unwrap_err();
         assert!(err.to_string().contains("sleep-interval-seconds"), "{err}");
-        let err = Cli::try_parse_from(["v", "--with-wait", "maybe", "driver"]).unwrap_err();
+        let err = Cli::try_parse_from(["v", "--with-wait=maybe", "driver"]).unwrap_err();
         assert!(err.to_string().contains("maybe"), "{err}");
+    }
+
+    #[test]
+    fn flag_forms_of_the_booleans() {
+        let cli = Cli::try_parse_from(["v", "--with-wait", "driver", "--skip-gpu-init"]).unwrap();
+        let Command::Driver(args) = cli.command else {
+            panic!("driver expected")
+        };
+        assert!(cli.common.with_wait && args.skip_gpu_init);
+        let cli = Cli::try_parse_from(["v", "driver", "--with-wait=false"]).unwrap();
+        assert!(!cli.common.with_wait);
     }
 }
