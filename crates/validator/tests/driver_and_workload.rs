@@ -331,3 +331,32 @@ fn the_workload_says_what_it_expected_and_saw_when_the_uuid_is_unknown() {
     );
     assert!(!node.status_dir().join("workload-ready").exists());
 }
+
+#[test]
+fn the_mock_is_configurable_by_env_in_a_real_process() {
+    let node = FakeNode::new();
+    node.install_host_driver(&mock_config("l4", 1));
+    let (out, stderr) = run(validator(&node)
+        .arg("driver")
+        .env("MOCK_NVML_PROFILE", "t4"));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("driver 550.163.01 found"), "{stderr}");
+
+    let elsewhere = node.status_dir().with_file_name("elsewhere.json");
+    std::fs::write(
+        &elsewhere,
+        r#"{"faults": {"init_error": "version-mismatch"}}"#,
+    )
+    .unwrap();
+    let (out, stderr) = run(validator(&node)
+        .arg("driver")
+        .env("MOCK_NVML_CONFIG", &elsewhere));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(error_line(&stderr).contains("VERSION_MISMATCH"), "{stderr}");
+
+    let (out, stderr) = run(validator(&node)
+        .arg("driver")
+        .env("MOCK_NVML_GPU_COUNT", "0"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(error_line(&stderr).contains("reports no GPUs"), "{stderr}");
+}
