@@ -13,8 +13,10 @@ pub mod grpc;
 pub mod metrics;
 pub mod opaque;
 pub mod proto;
+pub mod publish;
 pub mod registration;
 pub mod server;
+pub mod slices;
 pub mod sockets;
 #[cfg(test)]
 mod testutil;

@@ -1,0 +1,61 @@
+//! ResourceSlices built from inventories read through the real dlopen path, with the mock NVML
+//! serving shipped GPU profiles; snapshotted.
+
+use gpu_discovery::testing::{FakeNode, mock_config};
+use gpu_discovery::{InitMode, NvmlSession, root};
+use kubelet_plugin::devices::DeviceTable;
+use kubelet_plugin::slices::{NodeRef, desired_slices};
+
+fn table(profile: &str, gpus: u32) -> DeviceTable {
+    let node = FakeNode::new();
+    node.install_host_driver(&mock_config(profile, gpus));
+    let found = root::probe(&node.settings()).expect("mock driver found");
+    let session = NvmlSession::open(&found.nvml_library, InitMode::Full).expect("mock NVML opens");
+    DeviceTable::from_inventory(&session.inventory().expect("inventory"))
+}
+
+fn node() -> NodeRef {
+    NodeRef {
+        name: "gpu-node-0".into(),
+        uid: "0b5e6a7c-node-uid".into(),
+    }
+}
+
+#[test]
+fn eight_a100s() {
+    let table = table("a100-sxm4-40gb", 8);
+    let names: Vec<_> = table.devices.keys().cloned().collect();
+    assert_eq!(
+        names,
+        (0..8).map(|m| format!("gpu-{m}")).collect::<Vec<_>>()
+    );
+    insta::assert_yaml_snapshot!(desired_slices(&node(), "gpu.nvidia.com", &table, 1));
+}
+
+#[test]
+fn a100_mig_mixed_layout() {
+    let table = table("a100-sxm4-40gb-mig-mixed", 2);
+    let names: Vec<_> = table.devices.keys().cloned().collect();
+    assert_eq!(
+        names,
+        [
+            "gpu-0-mig-1g5gb-19-6",
+            "gpu-0-mig-2g10gb-14-4",
+            "gpu-0-mig-3g20gb-9-0",
+            "gpu-1-mig-1g5gb-19-6",
+            "gpu-1-mig-2g10gb-14-4",
+            "gpu-1-mig-3g20gb-9-0",
+        ]
+    );
+    insta::assert_yaml_snapshot!(desired_slices(&node(), "gpu.nvidia.com", &table, 1));
+}
+
+#[test]
+fn one_l4() {
+    insta::assert_yaml_snapshot!(desired_slices(
+        &node(),
+        "gpu.nvidia.com",
+        &table("l4", 1),
+        1
+    ));
+}
