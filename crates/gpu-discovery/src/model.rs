@@ -147,6 +147,23 @@ pub fn mig_profile_from_name(name: &str) -> Option<&str> {
         .filter(|p| !p.is_empty())
 }
 
+/// The name NVML tools give a GPU-instance profile, from its size: `<slices>g.<GB>gb`, where GB is
+/// the instance's memory in eighths of the GPU (rounded up) times the GPU's GiB (rounded up),
+/// rounded half up; `+me` marks the media-extension variants. Used when a MIG device's NVML name
+/// does not carry the profile.
+pub fn mig_profile_name(
+    slices: u32,
+    memory_mib: u64,
+    gpu_memory_mib: u64,
+    media_extensions: bool,
+) -> String {
+    let eighths = (memory_mib * 8).div_ceil(gpu_memory_mib.max(1));
+    let gpu_gib = gpu_memory_mib.div_ceil(1024);
+    let gb = (eighths * gpu_gib + 4) / 8;
+    let suffix = if media_extensions { "+me" } else { "" };
+    format!("{slices}g.{gb}gb{suffix}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +178,14 @@ mod tests {
     fn bus_ids_normalise() {
         assert_eq!(normalise_pci_bus_id("00000000:0F:00.0"), "0000:0f:00.0");
         assert_eq!(normalise_pci_bus_id("0001:0f:00.0"), "0001:0f:00.0");
+    }
+
+    #[test]
+    fn profile_names_follow_the_memory_fraction() {
+        assert_eq!(mig_profile_name(1, 4864, 40960, false), "1g.5gb");
+        assert_eq!(mig_profile_name(1, 4864, 40960, true), "1g.5gb+me");
+        assert_eq!(mig_profile_name(3, 71424, 143771, false), "3g.71gb");
+        assert_eq!(mig_profile_name(1, 35584, 143771, false), "1g.35gb");
     }
 
     #[test]

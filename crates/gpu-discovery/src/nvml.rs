@@ -15,6 +15,9 @@ use std::time::Duration;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` of the NVML header nvml-wrapper 0.13 is built from.
 const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
+/// `NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1` and `_2_SLICE_REV1`: the `+me` profiles.
+const MEDIA_EXTENSION_PROFILES: [u32; 2] = [7, 8];
+const MIB: u64 = 1 << 20;
 
 /// How NVML is initialised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,7 +223,10 @@ impl NvmlSession {
         };
         let minor = device.minor_number().map_err(|e| call("minor_number", e))?;
         let mig_devices = match mig_mode {
-            MigMode::Enabled => self.mig_devices(&device, &uuid, minor)?,
+            MigMode::Enabled => {
+                let gpu_mib = memory_bytes.map_or(0, |b| b / MIB);
+                self.mig_devices(&device, &uuid, minor, gpu_mib)?
+            }
             _ => Vec::new(),
         };
         Ok(Gpu {
@@ -250,11 +256,18 @@ impl NvmlSession {
         parent: &Device<'_>,
         parent_uuid: &str,
         parent_minor: u32,
+        gpu_mib: u64,
     ) -> Result<Vec<MigDevice>, NvmlError> {
         let call = |name, e| self.err(name, parent_uuid, e);
-        let profiles: Vec<ProfileInfo> = (0..GPU_INSTANCE_PROFILE_COUNT)
-            .filter_map(|i| parent.profile_info(i).ok())
+        let profiles: Vec<(u32, ProfileInfo)> = (0..GPU_INSTANCE_PROFILE_COUNT)
+            .filter_map(|i| parent.profile_info(i).ok().map(|p| (i, p)))
             .collect();
+        let about = Parent {
+            uuid: parent_uuid,
+            minor: parent_minor,
+            memory_mib: gpu_mib,
+            profiles: &profiles,
+        };
         let max = parent
             .mig_device_count()
             .map_err(|e| call("mig_device_count", e))?;
@@ -265,7 +278,7 @@ impl NvmlSession {
                 Err(RawError::NotFound) => continue,
                 Err(e) => return Err(call("mig_device_by_index", e)),
             };
-            found.push(self.mig_device(&mig, slot, parent_uuid, parent_minor, &profiles)?);
+            found.push(self.mig_device(&mig, slot, &about)?);
         }
         Ok(found)
     }
@@ -274,29 +287,33 @@ impl NvmlSession {
         &self,
         mig: &Device<'_>,
         slot: u32,
-        parent_uuid: &str,
-        parent_minor: u32,
-        profiles: &[ProfileInfo],
+        parent: &Parent<'_>,
     ) -> Result<MigDevice, NvmlError> {
-        let what = format!("MIG device {slot} of {parent_uuid}");
+        let what = format!("MIG device {slot} of {}", parent.uuid);
         let call = |name, e| self.err(name, &what, e);
         let uuid = mig.uuid().map_err(|e| call("uuid", e))?;
         let name = mig.name().map_err(|e| call("name", e))?;
         let attrs = mig.attributes().map_err(|e| call("attributes", e))?;
-        let profile = model::mig_profile_from_name(&name)
-            .unwrap_or_default()
-            .to_owned();
-        let gpu_instance_profile_id = profiles
+        let (index, info) = parent
+            .profiles
             .iter()
-            .find(|p| same_profile(p, &attrs))
-            .map(|p| p.id)
+            .find(|(_, p)| same_profile(p, &attrs))
             .ok_or_else(|| call("profile_info", RawError::NotFound))?;
+        let profile = match model::mig_profile_from_name(&name) {
+            Some(p) => p.to_owned(),
+            None => model::mig_profile_name(
+                attrs.gpu_instance_slice_count,
+                attrs.memory_size_mb,
+                parent.memory_mib,
+                MEDIA_EXTENSION_PROFILES.contains(index),
+            ),
+        };
         Ok(MigDevice {
-            parent_uuid: parent_uuid.to_owned(),
-            parent_minor,
+            parent_uuid: parent.uuid.to_owned(),
+            parent_minor: parent.minor,
             index: slot,
             profile,
-            gpu_instance_profile_id,
+            gpu_instance_profile_id: info.id,
             slices: attrs.gpu_instance_slice_count,
             memory_bytes: mig.memory_info().map_err(|e| call("memory_info", e))?.total,
             multiprocessors: attrs.multiprocessor_count,
@@ -354,6 +371,15 @@ impl EventWatch<'_> {
         };
         Ok(Some(DeviceEvent { uuid, kind }))
     }
+}
+
+/// What MIG device reads need to know about their GPU.
+struct Parent<'a> {
+    uuid: &'a str,
+    minor: u32,
+    memory_mib: u64,
+    /// `(NVML profile index, info)` of every GPU-instance profile the GPU offers.
+    profiles: &'a [(u32, ProfileInfo)],
 }
 
 fn same_profile(p: &ProfileInfo, a: &DeviceAttributes) -> bool {

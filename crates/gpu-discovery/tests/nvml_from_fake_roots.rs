@@ -2,7 +2,7 @@
 
 use gpu_discovery::testing::{FakeNode, configure, mock_config};
 use gpu_discovery::{
-    DriverLocation, EventKind, InitMode, Inventory, MigMode, NvmlError, NvmlSession, root,
+    DriverLocation, EventKind, InitMode, Inventory, MigMode, NvmlError, NvmlSession, model, root,
 };
 use serde_json::{Value, json};
 use std::path::Path;
@@ -137,6 +137,23 @@ fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
                 (gpu.uuid.as_str(), gpu.minor)
             );
             assert!(dev.uuid.starts_with("MIG-"));
+        }
+    }
+}
+
+#[test]
+fn shipped_mig_profile_names_agree_with_their_memory() {
+    for name in shipped_names() {
+        let p = shipped_profile(&name);
+        let gpu_mib = p["memory_mib"].as_u64().unwrap();
+        for gi in p["mig"]["profiles"].as_array().into_iter().flatten() {
+            let computed = model::mig_profile_name(
+                gi["slices"].as_u64().unwrap() as u32,
+                gi["memory_mib"].as_u64().unwrap(),
+                gpu_mib,
+                [7, 8].contains(&gi["index"].as_u64().unwrap()),
+            );
+            assert_eq!(computed, gi["name"].as_str().unwrap(), "{name}");
         }
     }
 }
