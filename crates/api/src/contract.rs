@@ -223,6 +223,20 @@ pub mod objects {
     pub const DCGM_DAEMONSET: &str = "nvidia-dcgm-dra";
     /// ValidatingAdmissionPolicy (and binding) confining plugins to their node's slices.
     pub const RESOURCESLICE_POLICY: &str = "resourceslices-policy-nvidia-dra-driver";
+    /// ResourceClaimTemplate of the DCGM exporter's admin-access claim.
+    pub const DCGM_EXPORTER_CLAIM_TEMPLATE: &str = "nvidia-dcgm-exporter-admin";
+    /// ResourceClaimTemplate of standalone DCGM's admin-access claim.
+    pub const DCGM_CLAIM_TEMPLATE: &str = "nvidia-dcgm-admin";
+    /// ServiceAccount of the kubelet plugin pods (shipped by the chart).
+    pub const KUBELET_PLUGIN_SERVICE_ACCOUNT: &str = "nvidia-dra-driver-kubeletplugin";
+    /// ServiceAccount of the ComputeDomain controller (shipped by the chart).
+    pub const COMPUTE_DOMAIN_CONTROLLER_SERVICE_ACCOUNT: &str = "nvidia-dra-driver-controller";
+    /// ServiceAccount of the validator pods (shipped by the chart).
+    pub const VALIDATOR_SERVICE_ACCOUNT: &str = "nvidia-dra-validator";
+    /// ServiceAccount of the DCGM exporter pods (shipped by the chart).
+    pub const DCGM_EXPORTER_SERVICE_ACCOUNT: &str = "nvidia-dcgm-exporter";
+    /// ServiceAccount of standalone DCGM pods (shipped by the chart).
+    pub const DCGM_SERVICE_ACCOUNT: &str = "nvidia-dcgm";
     /// DeviceClass of full GPUs.
     pub const DEVICE_CLASS_GPU: &str = "gpu.nvidia.com";
     /// DeviceClass of MIG devices.

@@ -1,0 +1,5 @@
+//! The GPU operator: reconciles the `GPUCluster` singleton into the DRA stack's operands and
+//! reports in its status whether they work.
+
+pub mod diff;
+pub mod render;
