@@ -2,14 +2,17 @@
 //! prepare/unprepare core with its checkpoint and CDI specs, and the ResourceSlices of a node.
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod atomic;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
 pub mod client;
+pub mod config;
 pub mod devices;
 pub mod driver;
 pub mod grpc;
+pub mod health;
 pub mod metrics;
 pub mod opaque;
 pub mod proto;

@@ -2,6 +2,7 @@
 
 use kubelet_plugin::client::connect_unix;
 use kubelet_plugin::grpc::DraService;
+use kubelet_plugin::health::HealthService;
 use kubelet_plugin::proto::registration::registration_client::RegistrationClient;
 use kubelet_plugin::proto::registration::{InfoRequest, RegistrationStatus};
 use kubelet_plugin::proto::{dra_v1, dra_v1beta1};
@@ -158,8 +159,13 @@ async fn registration_and_both_dra_versions_answer_over_unix_sockets() {
         .unwrap_err();
     assert_eq!(invalid.code(), tonic::Code::InvalidArgument);
 
+    let health = HealthService::new(paths.clone());
+    health.probe().await.expect("both sockets answer");
+
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
+    let down = health.probe().await.unwrap_err();
+    assert!(down.contains("registration socket"), "{down}");
     assert!(
         !paths.registration.exists(),
         "registration socket removed on shutdown"

@@ -1,0 +1,186 @@
+//! The running plugin: wires configuration, NVML, the checkpoint, the sockets, the slice
+//! publisher, liveness and metrics together.
+
+use crate::cdi::CdiWriter;
+use crate::checkpoint::{CheckpointStore, LoadOutcome};
+use crate::config::Config;
+use crate::devices::DeviceTable;
+use crate::driver::{Driver, KubeClaims, StartReport};
+use crate::grpc::DraService;
+use crate::health::HealthService;
+use crate::metrics::Metrics;
+use crate::publish::Publisher;
+use crate::registration::RegistrationService;
+use crate::server::{SocketPaths, Sockets};
+use crate::sockets::private_dir;
+use anyhow::Context;
+use api::contract::DRIVER_NAME;
+use gpu_discovery::{DriverReady, InitMode, NvmlSession, root};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The driver roots in use: from the `driver-ready` file when present, else from the flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roots {
+    /// Driver root as this container sees it (NVML is loaded from here).
+    pub driver_root_ctr: PathBuf,
+    /// Host root of the driver's device nodes (CDI `hostPath`s point here).
+    pub dev_root: PathBuf,
+}
+
+/// Decides the roots from the flags and an optional `driver-ready` content.
+pub fn roots(config: &Config, ready: Option<&DriverReady>) -> Roots {
+    match ready {
+        Some(r) => Roots {
+            driver_root_ctr: r.driver_root_ctr_path.clone(),
+            dev_root: r.nvidia_dev_root.clone(),
+        },
+        None => {
+            let has_dev = config.driver_root_ctr_path.join("dev").is_dir();
+            Roots {
+                driver_root_ctr: config.driver_root_ctr_path.clone(),
+                dev_root: if has_dev {
+                    config.nvidia_driver_root.clone()
+                } else {
+                    PathBuf::from("/")
+                },
+            }
+        }
+    }
+}
+
+/// Reads the node's devices through NVML loaded from the container driver root.
+pub fn read_devices(roots: &Roots) -> anyhow::Result<DeviceTable> {
+    let library = root::find_library(&roots.driver_root_ctr, "container driver root")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let session = NvmlSession::open(&library, InitMode::Full)?;
+    Ok(DeviceTable::from_inventory(&session.inventory()?))
+}
+
+async fn report_start(client: &kube::Client, node: &str, report: &StartReport) {
+    for claim in &report.rolled_back {
+        tracing::warn!(%claim, "rolled back a claim left half-prepared by a crash");
+    }
+    match &report.outcome {
+        LoadOutcome::Corrupted { moved_to, reason } => {
+            tracing::error!(moved_to = %moved_to.display(), %reason, "checkpoint corrupted; moved aside, starting empty");
+            let recorder = Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "gpu-kubelet-plugin".into(),
+                    instance: Some(node.to_owned()),
+                },
+            );
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "CheckpointCorrupted".into(),
+                note: Some(format!(
+                    "gpu-kubelet-plugin checkpoint was corrupted ({reason}); moved to {} and started empty",
+                    moved_to.display()
+                )),
+                action: "Recover".into(),
+                secondary: None,
+            };
+            let node_ref = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.to_owned()),
+                ..Default::default()
+            };
+            if let Err(e) = recorder.publish(&event, &node_ref).await {
+                tracing::warn!(error = %e, "could not publish the CheckpointCorrupted event");
+            }
+        }
+        LoadOutcome::NewBoot { previous } => {
+            tracing::info!(%previous, "checkpoint from an earlier boot discarded");
+        }
+        LoadOutcome::Missing | LoadOutcome::Restored => {}
+    }
+    tracing::info!(restored = report.restored, "checkpoint loaded");
+}
+
+/// Runs the plugin until SIGTERM/SIGINT.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let ready = match DriverReady::read(&config.driver_ready_file) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::info!(file = %config.driver_ready_file.display(), error = %e, "no usable driver-ready file; using the flags");
+            None
+        }
+    };
+    let roots = roots(&config, ready.as_ref());
+    let table = read_devices(&roots).context("reading the GPUs through NVML")?;
+    tracing::info!(devices = table.devices.len(), driver = %table.driver_version, "GPUs found");
+
+    let client = service::kube_client("gpu-kubelet-plugin")
+        .await
+        .context("building the kube client")?;
+    let plugin_dir = config.plugin_dir();
+    private_dir(&plugin_dir)?;
+    let boot_id = CheckpointStore::read_boot_id(&config.boot_id_file)
+        .with_context(|| format!("reading the boot id from {}", config.boot_id_file.display()))?;
+    let store = CheckpointStore::new(&plugin_dir, &boot_id);
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let table = Arc::new(table);
+    let (driver, report) = Driver::start(
+        DRIVER_NAME,
+        &config.node_name,
+        KubeClaims(client.clone()),
+        (*table).clone(),
+        CdiWriter::new(&config.cdi_root, &roots.dev_root),
+        store,
+    )
+    .context("loading the checkpoint")?;
+    report_start(&client, &config.node_name, &report).await;
+    let driver = Arc::new(driver.with_metrics(metrics));
+
+    let shutdown = service::shutdown::Shutdown::on_signal();
+    let paths = SocketPaths::new(
+        &config.kubelet_registrar_directory_path,
+        &config.kubelet_plugins_directory_path,
+    );
+    let sockets = Sockets::bind(&paths)?;
+    let registration = RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy());
+
+    let publisher = Publisher::new(client.clone(), DRIVER_NAME, &config.node_name, table)
+        .await
+        .context("reading this Node")?;
+    tokio::spawn(publisher.run());
+
+    if let Some(port) = config.health_port() {
+        let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+        let health = HealthService::new(paths.clone()).into_server();
+        let stop = shutdown.wait();
+        tokio::spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_shutdown(addr, stop)
+                .await;
+            if let Err(e) = served {
+                tracing::error!(%addr, error = %e, "liveness server failed");
+            }
+        });
+    }
+    if let Some(addr) = config.http_endpoint.0 {
+        let health = service::http::Health::default();
+        health.set_ready(true);
+        let registry = Arc::new(registry);
+        let stop = shutdown.wait();
+        tokio::spawn(async move {
+            if let Err(e) = service::http::serve(addr, registry, health, stop).await {
+                tracing::error!(%addr, error = %e, "metrics server failed");
+            }
+        });
+    }
+
+    tracing::info!(registration = %paths.registration.display(), dra = %paths.dra.display(), "serving the kubelet");
+    sockets
+        .serve(registration, DraService::new(driver), shutdown.wait())
+        .await?;
+    tracing::info!("sockets removed; bye");
+    Ok(())
+}

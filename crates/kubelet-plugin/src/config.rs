@@ -1,0 +1,128 @@
+//! Command line and environment of `gpu-kubelet-plugin`; every flag is also an env var, with
+//! the upstream plugin's names.
+
+use api::contract::{env, paths};
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Registration directory default.
+pub const DEFAULT_REGISTRAR_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Plugins directory default.
+pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+
+/// `gpu-kubelet-plugin`: publishes this node's GPUs as ResourceSlices and prepares them for
+/// containers through CDI.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "gpu-kubelet-plugin", version)]
+pub struct Config {
+    /// The node this plugin serves (pool name and slice owner).
+    #[arg(long, env = env::NODE_NAME)]
+    pub node_name: String,
+    /// Host path of the driver install.
+    #[arg(long, env = env::NVIDIA_DRIVER_ROOT, default_value = "/")]
+    pub nvidia_driver_root: PathBuf,
+    /// Where the host driver root is mounted in this container.
+    #[arg(long = "container-driver-root", env = env::DRIVER_ROOT_CTR_PATH, default_value = paths::DRIVER_ROOT_CTR_PATH)]
+    pub driver_root_ctr_path: PathBuf,
+    /// Where CDI specs are written.
+    #[arg(long, env = env::CDI_ROOT, default_value = paths::CDI_ROOT)]
+    pub cdi_root: PathBuf,
+    /// The kubelet's plugin registration directory.
+    #[arg(long, env = env::KUBELET_REGISTRAR_DIRECTORY_PATH, default_value = DEFAULT_REGISTRAR_DIR)]
+    pub kubelet_registrar_directory_path: PathBuf,
+    /// The kubelet's plugins directory; the plugin's data dir is `<this>/gpu.nvidia.com`.
+    #[arg(long, env = env::KUBELET_PLUGINS_DIRECTORY_PATH, default_value = DEFAULT_PLUGINS_DIR)]
+    pub kubelet_plugins_directory_path: PathBuf,
+    /// TCP port of the gRPC liveness service; negative disables it.
+    #[arg(long, env = env::HEALTHCHECK_PORT, default_value_t = -1, allow_negative_numbers = true)]
+    pub healthcheck_port: i32,
+    /// Address of `/metrics`, `/healthz`, `/readyz` (`:8080` or `host:port`); empty disables.
+    #[arg(long, env = env::HTTP_ENDPOINT, default_value = "", value_parser = parse_endpoint)]
+    pub http_endpoint: HttpEndpoint,
+    /// The validator's `driver-ready` file; when present its roots override the flags above.
+    #[arg(
+        long,
+        env = "DRIVER_READY_FILE",
+        default_value = "/run/nvidia/validations/driver-ready"
+    )]
+    pub driver_ready_file: PathBuf,
+    /// Source of the node's boot id (checkpoints from other boots are discarded).
+    #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
+    pub boot_id_file: PathBuf,
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: service::logging::LogFormat,
+}
+
+/// The metrics endpoint; `None` when disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpEndpoint(pub Option<SocketAddr>);
+
+/// `""` → none, `:8080` → all interfaces, else `host:port`.
+fn parse_endpoint(value: &str) -> Result<HttpEndpoint, String> {
+    if value.is_empty() {
+        return Ok(HttpEndpoint(None));
+    }
+    let full = if value.starts_with(':') {
+        format!("0.0.0.0{value}")
+    } else {
+        value.to_owned()
+    };
+    full.parse()
+        .map(|a| HttpEndpoint(Some(a)))
+        .map_err(|e| format!("{value:?} is not :port or host:port ({e})"))
+}
+
+impl Config {
+    /// The plugin's data directory.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_plugins_directory_path
+            .join(api::contract::DRIVER_NAME)
+    }
+
+    /// The health port, if enabled.
+    pub fn health_port(&self) -> Option<u16> {
+        u16::try_from(self.healthcheck_port).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = Config::try_parse_from(["p", "--node-name", "n1"]).unwrap();
+        assert_eq!(
+            c.plugin_dir(),
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com")
+        );
+        assert_eq!(c.health_port(), None);
+        assert_eq!(c.http_endpoint, HttpEndpoint(None));
+        assert_eq!(c.cdi_root, PathBuf::from("/var/run/cdi"));
+        let c = Config::try_parse_from([
+            "p",
+            "--node-name",
+            "n1",
+            "--healthcheck-port",
+            "51516",
+            "--http-endpoint",
+            ":8080",
+        ])
+        .unwrap();
+        assert_eq!(c.health_port(), Some(51516));
+        assert_eq!(
+            c.http_endpoint,
+            HttpEndpoint(Some("0.0.0.0:8080".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn a_bad_endpoint_names_the_value() {
+        let err = Config::try_parse_from(["p", "--node-name", "n", "--http-endpoint", "nope"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"nope\" is not :port or host:port"), "{err}");
+    }
+}
