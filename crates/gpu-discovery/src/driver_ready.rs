@@ -5,24 +5,17 @@
 
 use crate::atomic::write_atomic;
 use crate::root::{SearchedRoot, find_library};
+use api::contract::env::{
+    DEV_ROOT_CTR_PATH, DRIVER_ROOT_CTR_PATH, IS_HOST_DRIVER, NVIDIA_DEV_ROOT, NVIDIA_DRIVER_ROOT,
+};
+use api::contract::paths;
 use std::io;
 use std::path::{Path, PathBuf};
 
 /// Default status dir of the validator.
-pub const DEFAULT_STATUS_DIR: &str = "/run/nvidia/validations";
+pub const DEFAULT_STATUS_DIR: &str = paths::VALIDATIONS_DIR;
 /// File name of the driver-ready file inside the status dir.
-pub const FILE_NAME: &str = "driver-ready";
-
-/// `IS_HOST_DRIVER` key.
-pub const IS_HOST_DRIVER: &str = "IS_HOST_DRIVER";
-/// `NVIDIA_DRIVER_ROOT` key.
-pub const NVIDIA_DRIVER_ROOT: &str = "NVIDIA_DRIVER_ROOT";
-/// `DRIVER_ROOT_CTR_PATH` key.
-pub const DRIVER_ROOT_CTR_PATH: &str = "DRIVER_ROOT_CTR_PATH";
-/// `NVIDIA_DEV_ROOT` key.
-pub const NVIDIA_DEV_ROOT: &str = "NVIDIA_DEV_ROOT";
-/// `DEV_ROOT_CTR_PATH` key.
-pub const DEV_ROOT_CTR_PATH: &str = "DEV_ROOT_CTR_PATH";
+pub const FILE_NAME: &str = paths::DRIVER_READY_FILE;
 
 /// The file's contents.
 #[derive(Debug, Clone, PartialEq, Eq)]

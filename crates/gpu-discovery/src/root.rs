@@ -7,30 +7,23 @@
 //! directory, else the host's `/`.
 
 use crate::driver_ready::DriverReady;
+use api::contract::paths;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 /// The NVML library file name looked for.
-pub const LIBRARY_NAME: &str = "libnvidia-ml.so.1";
+pub const LIBRARY_NAME: &str = paths::NVML_LIBRARY;
 /// Library search dirs, relative to a root, in search order.
-pub const LIBRARY_DIRS: [&str; 7] = [
-    "/",
-    "/usr/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-];
+pub const LIBRARY_DIRS: [&str; 7] = paths::LIBRARY_SEARCH_DIRS;
 /// `nvidia-smi` search dirs, relative to a root, in search order.
-pub const SMI_DIRS: [&str; 5] = ["/opt/bin", "/usr/bin", "/usr/sbin", "/bin", "/sbin"];
+pub const SMI_DIRS: [&str; 5] = paths::BINARY_SEARCH_DIRS;
 
 /// Default mount of the host's `/` in the validator and plugin containers.
-pub const DEFAULT_HOST_ROOT: &str = "/host";
+pub const DEFAULT_HOST_ROOT: &str = paths::HOST_ROOT_CTR_PATH;
 /// Default host path of a containerized driver's root.
-pub const DEFAULT_DRIVER_INSTALL_DIR: &str = "/run/nvidia/driver";
+pub const DEFAULT_DRIVER_INSTALL_DIR: &str = paths::DEFAULT_DRIVER_INSTALL_DIR;
 /// Default mount of the container driver root in the validator and plugin containers.
-pub const DEFAULT_DRIVER_INSTALL_DIR_CTR_PATH: &str = "/driver-root";
+pub const DEFAULT_DRIVER_INSTALL_DIR_CTR_PATH: &str = paths::DRIVER_ROOT_CTR_PATH;
 
 /// Where to look: the mounts of this container.
 #[derive(Debug, Clone, PartialEq, Eq)]

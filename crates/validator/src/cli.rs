@@ -1,5 +1,6 @@
 //! Command line: every flag is also an env var, with the upstream validator's names where they exist.
 
+use api::contract::env;
 use clap::{Args, Parser, Subcommand};
 use gpu_discovery::driver_ready::DEFAULT_STATUS_DIR;
 use gpu_discovery::root::{
@@ -39,7 +40,7 @@ pub struct Common {
     pub output_dir: PathBuf,
     /// Keep retrying until the check passes (or the timeout ends), instead of failing at once
     /// (`--with-wait`, or `--with-wait=false`).
-    #[arg(long, env = "WITH_WAIT", default_value_t = false, action = clap::ArgAction::Set,
+    #[arg(long, env = env::WITH_WAIT, default_value_t = false, action = clap::ArgAction::Set,
           num_args = 0..=1, require_equals = true, default_missing_value = "true", global = true)]
     pub with_wait: bool,
     /// Seconds between retries.
@@ -66,13 +67,13 @@ impl Common {
 #[derive(Debug, Args)]
 pub struct DriverArgs {
     /// Where the host's `/` is mounted in this container.
-    #[arg(long, env = "HOST_ROOT", default_value = DEFAULT_HOST_ROOT)]
+    #[arg(long, env = env::HOST_ROOT, default_value = DEFAULT_HOST_ROOT)]
     pub host_root: PathBuf,
     /// Host path of a containerized driver's root.
-    #[arg(long, env = "DRIVER_INSTALL_DIR", default_value = DEFAULT_DRIVER_INSTALL_DIR)]
+    #[arg(long, env = env::DRIVER_INSTALL_DIR, default_value = DEFAULT_DRIVER_INSTALL_DIR)]
     pub driver_install_dir: PathBuf,
     /// Where that root is mounted in this container.
-    #[arg(long, env = "DRIVER_INSTALL_DIR_CTR_PATH", default_value = DEFAULT_DRIVER_INSTALL_DIR_CTR_PATH)]
+    #[arg(long, env = env::DRIVER_INSTALL_DIR_CTR_PATH, default_value = DEFAULT_DRIVER_INSTALL_DIR_CTR_PATH)]
     pub driver_install_dir_ctr_path: PathBuf,
     /// Initialise NVML without attaching GPUs (for GPUs bound to vfio-pci): check the driver
     /// version only.
