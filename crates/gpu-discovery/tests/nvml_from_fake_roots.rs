@@ -289,7 +289,7 @@ fn a_lost_gpu_surfaces_as_gpu_lost_even_when_lost_after_init() {
 }
 
 #[test]
-fn queued_and_later_xid_events_reach_the_watcher() {
+fn queued_and_later_xid_and_ecc_events_reach_the_watcher() {
     let node = FakeNode::new();
     let lib = node.install_host_driver(&json!({"profile": "a100-sxm4-80gb", "gpu_count": 2,
         "faults": {"xid_events": [{"gpu": 1, "xid": 79}]}}));
@@ -314,15 +314,23 @@ fn queued_and_later_xid_events_reach_the_watcher() {
     configure(
         &node.host_root(),
         &json!({"profile": "a100-sxm4-80gb", "gpu_count": 2,
-        "faults": {"xid_events": [{"gpu": 0, "xid": 48}]}}),
+        "faults": {"xid_events": [{"gpu": 0, "xid": 48}],
+                   "ecc_events": [{"gpu": 1, "kind": "double-bit"}, {"gpu": 0, "kind": "single-bit"}]}}),
     );
-    let event = watch
-        .next(Duration::from_secs(5))
-        .unwrap()
-        .expect("injected XID");
+    let mut got = Vec::new();
+    while let Some(event) = watch.next(Duration::from_secs(5)).unwrap() {
+        got.push((event.uuid, event.kind));
+        if got.len() == 3 {
+            break;
+        }
+    }
     assert_eq!(
-        (event.uuid.as_str(), event.kind),
-        (uuids[0].as_str(), EventKind::Xid(Some(48)))
+        got,
+        vec![
+            (uuids[0].clone(), EventKind::Xid(Some(48))),
+            (uuids[1].clone(), EventKind::DoubleBitEcc),
+            (uuids[0].clone(), EventKind::SingleBitEcc),
+        ]
     );
 }
 

@@ -3,9 +3,11 @@
 //! The control file is JSON, found at `$MOCK_NVML_CONFIG` or else as `mock-nvml.json` next to the
 //! loaded library (so each fake driver root can carry its own). Every field is optional:
 //! `{"profile": "h100-sxm5-80gb", "gpu_count": 2, "faults": {"init_error": "driver-not-loaded",
-//! "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}]}}`.
+//! "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}],
+//! "ecc_events": [{"gpu": 1, "kind": "double-bit"}]}}`.
 //! Env overrides: `MOCK_NVML_PROFILE`, `MOCK_NVML_GPU_COUNT`, `MOCK_NVML_INIT_ERROR`,
-//! `MOCK_NVML_LOST_GPUS` (`0,2`), `MOCK_NVML_XID` (`gpu:xid,...`).
+//! `MOCK_NVML_LOST_GPUS` (`0,2`), `MOCK_NVML_XID` (`gpu:xid,...`), `MOCK_NVML_ECC`
+//! (`gpu:single-bit|double-bit,...`).
 //!
 //! The profile and GPU count are read at the first `nvmlInit`. The control file is read again
 //! whenever it changes while NVML is open; its faults then replace those in force, and its XID
@@ -47,6 +49,9 @@ pub struct Faults {
     /// XID events waiting to be delivered to event sets.
     #[serde(default)]
     pub xid_events: Vec<XidEvent>,
+    /// ECC error events waiting to be delivered to event sets.
+    #[serde(default)]
+    pub ecc_events: Vec<EccEvent>,
 }
 
 /// How `nvmlInit*` fails.
@@ -69,6 +74,26 @@ pub struct XidEvent {
     pub gpu: u32,
     /// The XID number.
     pub xid: u64,
+}
+
+/// One queued ECC error event.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EccEvent {
+    /// Index of the GPU that raised it.
+    pub gpu: u32,
+    /// Which kind of ECC error.
+    pub kind: EccKind,
+}
+
+/// Kinds of ECC error events.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum EccKind {
+    /// A corrected single-bit error (`nvmlEventTypeSingleBitEccError`).
+    SingleBit,
+    /// An uncorrected double-bit error (`nvmlEventTypeDoubleBitEccError`).
+    DoubleBit,
 }
 
 impl Config {
@@ -100,6 +125,11 @@ impl Config {
             self.faults.xid_events = parse_list(&xids, parse_xid)
                 .ok_or_else(|| format!("MOCK_NVML_XID={xids:?}, expected gpu:xid,..."))?;
         }
+        if let Some(eccs) = get("MOCK_NVML_ECC") {
+            self.faults.ecc_events = parse_list(&eccs, parse_ecc).ok_or_else(|| {
+                format!("MOCK_NVML_ECC={eccs:?}, expected gpu:single-bit|double-bit,...")
+            })?;
+        }
         Ok(self)
     }
 }
@@ -120,6 +150,19 @@ fn parse_xid(item: &str) -> Option<XidEvent> {
     Some(XidEvent {
         gpu: gpu.trim().parse().ok()?,
         xid: xid.trim().parse().ok()?,
+    })
+}
+
+fn parse_ecc(item: &str) -> Option<EccEvent> {
+    let (gpu, kind) = item.split_once(':')?;
+    let kind = match kind.trim() {
+        "single-bit" => EccKind::SingleBit,
+        "double-bit" => EccKind::DoubleBit,
+        _ => return None,
+    };
+    Some(EccEvent {
+        gpu: gpu.trim().parse().ok()?,
+        kind,
     })
 }
 
@@ -167,6 +210,7 @@ mod tests {
             ("MOCK_NVML_INIT_ERROR", "driver-not-loaded"),
             ("MOCK_NVML_LOST_GPUS", "0, 1"),
             ("MOCK_NVML_XID", "1:48,0:79"),
+            ("MOCK_NVML_ECC", "1:double-bit"),
         ];
         let cfg = cfg.apply_env(env(&vars)).unwrap();
         assert_eq!(cfg.profile.as_deref(), Some("t4"));
@@ -174,6 +218,13 @@ mod tests {
         assert_eq!(cfg.faults.init_error, Some(InitFault::DriverNotLoaded));
         assert_eq!(cfg.faults.lost_gpus, vec![0, 1]);
         assert_eq!(cfg.faults.xid_events[0], XidEvent { gpu: 1, xid: 48 });
+        assert_eq!(
+            cfg.faults.ecc_events,
+            vec![EccEvent {
+                gpu: 1,
+                kind: EccKind::DoubleBit
+            }]
+        );
     }
 
     #[test]
@@ -182,6 +233,10 @@ mod tests {
             .apply_env(env(&[("MOCK_NVML_XID", "1-48")]))
             .unwrap_err();
         assert!(err.contains("MOCK_NVML_XID"), "{err}");
+        let err = Config::default()
+            .apply_env(env(&[("MOCK_NVML_ECC", "0:triple-bit")]))
+            .unwrap_err();
+        assert!(err.contains("MOCK_NVML_ECC"), "{err}");
         let err = Config::default()
             .apply_env(env(&[("MOCK_NVML_INIT_ERROR", "x")]))
             .unwrap_err();

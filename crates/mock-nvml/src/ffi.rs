@@ -801,8 +801,8 @@ pub(crate) unsafe extern "C" fn nvmlEventSetWait_v2(
         Ok((device, event)) => {
             let value = nvmlEventData_t {
                 device: handle_ptr(device),
-                eventType: u64::from(nvmlEventTypeXidCriticalError),
-                eventData: event.xid,
+                eventType: event.event_type,
+                eventData: event.data,
                 gpuInstanceId: u32::MAX,
                 computeInstanceId: u32::MAX,
             };

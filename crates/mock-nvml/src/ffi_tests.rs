@@ -2,7 +2,7 @@
 // NVML's C names are kept as they are in the header and in the bindings.
 #![allow(non_upper_case_globals)]
 
-use crate::config::{Config, Faults, XidEvent};
+use crate::config::{Config, EccEvent, EccKind, Faults, XidEvent};
 use crate::ffi::*;
 use crate::state;
 use nvml_wrapper_sys::bindings::*;
@@ -217,9 +217,13 @@ fn init_is_counted_and_calls_after_the_last_shutdown_are_uninitialised() {
 }
 
 #[test]
-fn xid_events_go_to_sets_that_registered_their_gpu() {
+fn events_go_to_sets_that_registered_their_gpu_and_type() {
     let faults = Faults {
         xid_events: vec![XidEvent { gpu: 1, xid: 79 }],
+        ecc_events: vec![EccEvent {
+            gpu: 0,
+            kind: EccKind::DoubleBit,
+        }],
         ..Faults::default()
     };
     let _s = start("h100-sxm5-80gb", 2, faults);
@@ -245,6 +249,11 @@ fn xid_events_go_to_sets_that_registered_their_gpu() {
             nvmlEventSetWait_v2(only1, &mut data, 10),
             nvmlReturn_enum_NVML_ERROR_TIMEOUT
         );
+        // GPU 0's double-bit ECC event waited for a set registered for that type.
+        let dbe = u64::from(nvmlEventTypeDoubleBitEccError);
+        assert_eq!(nvmlDeviceRegisterEvents(device(0), dbe, only0), 0);
+        assert_eq!(nvmlEventSetWait_v2(only0, &mut data, 1000), 0);
+        assert_eq!((data.device, data.eventType), (device(0), dbe));
         assert_eq!(nvmlEventSetFree(only0), 0);
         assert_eq!(
             nvmlEventSetFree(only0),

@@ -1,7 +1,7 @@
 //! The library's process-wide state: the init reference count, the session a successful init
 //! builds, event sets, and the control file that can change faults while a session is open.
 
-use crate::config::{self, Config, Faults, InitFault, XidEvent};
+use crate::config::{self, Config, EccKind, Faults, InitFault};
 use crate::handles::Handle;
 use crate::profile;
 use crate::topology::{Gpu, MigDevice, Topology};
@@ -35,10 +35,21 @@ pub struct Session {
     /// GPUs and MIG devices served.
     pub topology: Topology,
     lost: Vec<u32>,
-    pending: VecDeque<XidEvent>,
+    pending: VecDeque<Event>,
     event_sets: HashMap<u32, Vec<(u32, u64)>>,
     next_set: u32,
     control: Option<(PathBuf, Option<Stamp>)>,
+}
+
+/// A queued device event, as NVML reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// Index of the GPU that raised it.
+    pub gpu: u32,
+    /// `nvmlEventType*` bit.
+    pub event_type: u64,
+    /// The event's data (the XID number for XID events).
+    pub data: u64,
 }
 
 /// A device handle resolved against the session.
@@ -112,7 +123,7 @@ pub fn with_session<T>(f: impl FnOnce(&mut Session) -> Result<T, Ret>) -> Result
 
 /// `nvmlEventSetWait`: the next queued event for a device registered in `set`, waiting up to
 /// `timeout_ms`.
-pub fn wait_event(set: u32, timeout_ms: u32) -> Result<(Handle, XidEvent), Ret> {
+pub fn wait_event(set: u32, timeout_ms: u32) -> Result<(Handle, Event), Ret> {
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     let mut global = lock();
     loop {
@@ -285,15 +296,14 @@ impl Session {
             .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
     }
 
-    fn take_event(&mut self, set: u32) -> Result<Option<(Handle, XidEvent)>, Ret> {
+    fn take_event(&mut self, set: u32) -> Result<Option<(Handle, Event)>, Ret> {
         let regs = self
             .event_sets
             .get(&set)
             .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
-        let wanted = |e: &XidEvent| {
-            regs.iter().any(|(gpu, types)| {
-                *gpu == e.gpu && types & u64::from(nvmlEventTypeXidCriticalError) != 0
-            })
+        let wanted = |e: &Event| {
+            regs.iter()
+                .any(|(gpu, types)| *gpu == e.gpu && types & e.event_type != 0)
         };
         Ok(self
             .pending
@@ -305,7 +315,20 @@ impl Session {
 
     fn apply_faults(&mut self, faults: Faults) {
         self.lost = faults.lost_gpus;
-        self.pending = faults.xid_events.into();
+        let xids = faults.xid_events.iter().map(|x| Event {
+            gpu: x.gpu,
+            event_type: u64::from(nvmlEventTypeXidCriticalError),
+            data: x.xid,
+        });
+        let eccs = faults.ecc_events.iter().map(|e| Event {
+            gpu: e.gpu,
+            event_type: u64::from(match e.kind {
+                EccKind::SingleBit => nvmlEventTypeSingleBitEccError,
+                EccKind::DoubleBit => nvmlEventTypeDoubleBitEccError,
+            }),
+            data: 0,
+        });
+        self.pending = xids.chain(eccs).collect();
         EVENTS.notify_all();
     }
 
