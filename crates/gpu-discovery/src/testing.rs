@@ -22,7 +22,7 @@ pub const LIBRARY_DIR: &str = "usr/lib/x86_64-linux-gnu";
 /// Versioned file name the `libnvidia-ml.so.1` link points at, as in a real install.
 pub const VERSIONED_NAME: &str = "libnvidia-ml.so.580.95.05";
 /// Host path the fake node's container driver root stands for.
-pub const DRIVER_INSTALL_DIR: &str = "/run/nvidia/driver";
+pub const DRIVER_INSTALL_DIR: &str = crate::root::DEFAULT_DRIVER_INSTALL_DIR;
 
 /// The built mock NVML (`libmock_nvml.so`).
 ///
