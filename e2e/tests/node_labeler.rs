@@ -178,6 +178,7 @@ async fn node_labeler_on_the_local_cluster() -> anyhow::Result<()> {
     }
     let _ = nodes.delete("lab-gpu-new", &DeleteParams::default()).await;
     let _ = namespaces.delete(NS, &DeleteParams::default()).await;
+    let _ = gcs.delete("gpu-cluster", &DeleteParams::default()).await;
     Ok(())
 }
 

@@ -69,35 +69,19 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         shutdown.wait(),
     ));
 
-    if args.leader_elect {
-        let (leading_tx, mut leading_rx) = tokio::sync::watch::channel(false);
-        let election = Election {
-            namespace: args.namespace.clone(),
-            lease_name: "gpu-operator-node-labeler".into(),
-            identity: args.identity.clone(),
-            lease_duration: Duration::from_secs(15),
-            retry_period: Duration::from_secs(2),
-        };
-        tokio::spawn(leader::run(client.clone(), election, leading_tx));
-        tracing::info!(identity = %args.identity, "waiting to become leader");
-        tokio::select! {
-            _ = leading_rx.wait_for(|leading| *leading) => {}
-            _ = shutdown.wait() => return Ok(()),
-        }
-        let lost = async move {
-            let _ = leading_rx.wait_for(|leading| !*leading).await;
-        };
+    let election = args.leader_elect.then(|| Election {
+        namespace: args.namespace.clone(),
+        lease_name: "gpu-operator-node-labeler".into(),
+        identity: args.identity.clone(),
+        lease_duration: Duration::from_secs(15),
+        retry_period: Duration::from_secs(2),
+    });
+    let work = async {
         health.set_ready(true);
-        let settings = settings(&args);
-        tokio::select! {
-            _ = controller::run(client, settings, metrics, shutdown.wait()) => Ok(()),
-            _ = lost => Err("lost the leader lease; exiting so a fresh replica can take over".into()),
-        }
-    } else {
-        health.set_ready(true);
-        controller::run(client, settings(&args), metrics, shutdown.wait()).await;
-        Ok(())
-    }
+        controller::run(client.clone(), settings(&args), metrics, shutdown.wait()).await;
+    };
+    leader::lead(client.clone(), election, shutdown.wait(), work).await?;
+    Ok(())
 }
 
 fn settings(args: &Args) -> Settings {

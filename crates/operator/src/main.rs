@@ -1,6 +1,120 @@
-//! `gpu-operator` — not built yet; see the README's roadmap. It exits with an error so nothing mistakes it for a working binary.
+//! `gpu-operator`: reconciles the `GPUCluster` singleton into the DRA stack's operands.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("gpu-operator: not implemented yet in this build of gpu-operator-rs");
-    std::process::ExitCode::from(2)
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use operator::controller::{self, Metrics, Settings};
+use operator::render::DefaultImages;
+use service::leader::{self, Election};
+use service::logging::LogFormat;
+
+/// Turns the GPUCluster into the DRA GPU stack and reports whether it works.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-operator", version)]
+struct Args {
+    /// Namespace the operands run in (the operator's own).
+    #[arg(long, env = "OPERATOR_NAMESPACE")]
+    namespace: String,
+    /// Default image of the GPU kubelet plugin (`gpu-kubelet-plugin`).
+    #[arg(
+        long,
+        env = "DRA_DRIVER_IMAGE",
+        default_value = "ghcr.io/gpu-operator-rs/gpu-kubelet-plugin:v0.1.0"
+    )]
+    dra_driver_image: String,
+    /// Default image holding `dra-driver-validator`.
+    #[arg(
+        long,
+        env = "VALIDATOR_IMAGE",
+        default_value = "ghcr.io/gpu-operator-rs/gpu-operator:v0.1.0"
+    )]
+    validator_image: String,
+    /// Image of the ComputeDomain controller and kubelet plugin (the upstream DRA driver).
+    #[arg(
+        long,
+        env = "COMPUTE_DOMAIN_IMAGE",
+        default_value = "nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.5.0"
+    )]
+    compute_domain_image: String,
+    /// Default DCGM image.
+    #[arg(
+        long,
+        env = "DCGM_IMAGE",
+        default_value = "nvcr.io/nvidia/cloud-native/dcgm:4.6.0-1-ubuntu24.04"
+    )]
+    dcgm_image: String,
+    /// Default DCGM exporter image.
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_IMAGE",
+        default_value = "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless"
+    )]
+    dcgm_exporter_image: String,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "HTTP_ENDPOINT", default_value = "0.0.0.0:8080")]
+    http_endpoint: SocketAddr,
+    /// Elect one leader among replicas through a Lease.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// This replica's identity in the Lease (the pod's name).
+    #[arg(long, env = "POD_NAME", default_value = "gpu-operator")]
+    identity: String,
+    /// Log format: text or json.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    service::logging::init(args.log_format);
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("gpu-operator: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let client = service::kube_client("gpu-operator").await?;
+    let metrics = Metrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let health = service::http::Health::default();
+    let shutdown = service::shutdown::Shutdown::on_signal();
+    tokio::spawn(service::http::serve(
+        args.http_endpoint,
+        Arc::new(registry),
+        health.clone(),
+        shutdown.wait(),
+    ));
+
+    let settings = Settings {
+        namespace: args.namespace.clone(),
+        images: DefaultImages {
+            dra_driver: args.dra_driver_image.clone(),
+            validator: args.validator_image.clone(),
+            compute_domain: args.compute_domain_image.clone(),
+            dcgm: args.dcgm_image.clone(),
+            dcgm_exporter: args.dcgm_exporter_image.clone(),
+        },
+    };
+    let election = args.leader_elect.then(|| Election {
+        namespace: args.namespace.clone(),
+        lease_name: "gpu-operator".into(),
+        identity: args.identity.clone(),
+        lease_duration: Duration::from_secs(15),
+        retry_period: Duration::from_secs(2),
+    });
+    let work = async {
+        health.set_ready(true);
+        controller::run(client.clone(), settings, metrics, shutdown.wait()).await;
+    };
+    leader::lead(client.clone(), election, shutdown.wait(), work).await?;
+    Ok(())
 }

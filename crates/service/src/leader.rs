@@ -92,6 +92,51 @@ pub async fn run(client: kube::Client, election: Election, leading: watch::Sende
     }
 }
 
+/// Leadership was lost while working; the binary should exit so a fresh replica takes over.
+#[derive(Debug, thiserror::Error)]
+#[error("lost the leader lease {0}; exiting so that a fresh replica can take over")]
+pub struct LostLease(pub String);
+
+/// Runs `work` once this replica leads (at once when `election` is `None`), until `work` ends,
+/// `shutdown` resolves or the lease is lost.
+pub async fn lead<W>(
+    client: kube::Client,
+    election: Option<Election>,
+    shutdown: impl std::future::Future<Output = ()>,
+    work: W,
+) -> Result<(), LostLease>
+where
+    W: std::future::Future<Output = ()>,
+{
+    let Some(election) = election else {
+        tokio::select! {
+            _ = work => {}
+            _ = shutdown => {}
+        }
+        return Ok(());
+    };
+    let lease = election.lease_name.clone();
+    let (leading_tx, mut leading_rx) = watch::channel(false);
+    tracing::info!(lease = %lease, identity = %election.identity, "waiting to become leader");
+    let elector = tokio::spawn(run(client, election, leading_tx));
+    tokio::pin!(shutdown);
+    let became_leader = tokio::select! {
+        _ = &mut shutdown => false,
+        result = leading_rx.wait_for(|leading| *leading) => result.is_ok(),
+    };
+    let result = if became_leader {
+        tokio::select! {
+            _ = work => Ok(()),
+            _ = shutdown => Ok(()),
+            _ = leading_rx.wait_for(|leading| !*leading) => Err(LostLease(lease)),
+        }
+    } else {
+        Ok(())
+    };
+    elector.abort();
+    result
+}
+
 /// One read-decide-write round; `Ok(true)` when this replica holds the Lease afterwards.
 async fn step(api: &Api<Lease>, election: &Election) -> Result<bool, kube::Error> {
     let current = api.get_opt(&election.lease_name).await?;

@@ -21,6 +21,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Service};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
@@ -179,11 +180,23 @@ fn update_strategy(ds: &DaemonsetsSpec, default_max_unavailable: &str) -> Value 
                 .rolling_update
                 .as_ref()
                 .and_then(|r| r.max_unavailable.clone())
-                .map(|v| json!(v))
-                .unwrap_or_else(|| json!(default_max_unavailable));
+                .map(|v| match v {
+                    IntOrString::Int(n) => json!(n),
+                    IntOrString::String(s) => int_or_percent(&s),
+                })
+                .unwrap_or_else(|| int_or_percent(default_max_unavailable));
             json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max}})
         }
     }
+}
+
+/// `"25%"` stays a string; `"1"` becomes the number the apiserver requires (Helm values often quote it).
+fn int_or_percent(value: &str) -> Value {
+    value
+        .trim()
+        .parse::<i32>()
+        .map(|n| json!(n))
+        .unwrap_or_else(|_| json!(value.trim()))
 }
 
 /// `base` env vars followed by the user's; a user variable replaces a base one of the same name.
@@ -235,3 +248,15 @@ fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(value: Value) -> Box
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn max_unavailable_numbers_are_numbers_and_percentages_stay_strings() {
+        assert_eq!(int_or_percent("1"), json!(1));
+        assert_eq!(int_or_percent(" 3 "), json!(3));
+        assert_eq!(int_or_percent("100%"), json!("100%"));
+    }
+}

@@ -1,0 +1,330 @@
+//! Readiness of operands and the `GPUCluster` status built from it. Pure.
+
+use api::gpucluster::{GPUClusterStatus, NodeCounts, OperandStatus, State};
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+
+/// Readiness of a DaemonSet: the controller saw the latest spec and either no node is selected
+/// (a DaemonSet with nothing to run is ready) or every desired pod is updated and available.
+pub fn daemonset(ds: &DaemonSet) -> OperandStatus {
+    let status = ds.status.clone().unwrap_or_default();
+    let observed = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
+    let desired = status.desired_number_scheduled;
+    let available = status.number_available.unwrap_or(0);
+    let updated = status.updated_number_scheduled.unwrap_or(0);
+    let empty =
+        desired == 0 && status.number_misscheduled == 0 && status.current_number_scheduled == 0;
+    OperandStatus {
+        name: ds.name_any(),
+        kind: "DaemonSet".into(),
+        ready: observed && (empty || (desired == available && desired == updated)),
+        desired,
+        available,
+    }
+}
+
+/// Readiness of a Deployment: latest spec observed, every replica updated and available.
+pub fn deployment(d: &Deployment) -> OperandStatus {
+    let status = d.status.clone().unwrap_or_default();
+    let observed = status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0);
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let available = status.available_replicas.unwrap_or(0);
+    OperandStatus {
+        name: d.name_any(),
+        kind: "Deployment".into(),
+        ready: observed
+            && status.updated_replicas.unwrap_or(0) == replicas
+            && available == replicas,
+        desired: replicas,
+        available,
+    }
+}
+
+/// Something that keeps the GPUCluster from being ready besides operands still starting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// `resource.k8s.io/v1` DeviceClasses are not served.
+    DraApiNotServed,
+    /// Rendering or applying failed, with a message naming the object or field.
+    Reconcile(String),
+}
+
+/// What one reconcile observed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Operator namespace.
+    pub namespace: String,
+    /// Workload operands (DaemonSets and the Deployment).
+    pub operands: Vec<OperandStatus>,
+    /// Problems found.
+    pub problems: Vec<Problem>,
+    /// Node counts.
+    pub nodes: NodeCounts,
+}
+
+/// The reason and message of the Ready/Error pair for an observation.
+fn verdict(observed: &Observed) -> (bool, &'static str, String) {
+    if observed.problems.contains(&Problem::DraApiNotServed) {
+        return (
+            false,
+            "DRAAPINotServed",
+            "the resource.k8s.io/v1 DeviceClass API is not served by this cluster: \
+             Kubernetes 1.34 or later with resource.k8s.io/v1 enabled is required"
+                .into(),
+        );
+    }
+    let failures: Vec<&str> = observed
+        .problems
+        .iter()
+        .filter_map(|p| match p {
+            Problem::Reconcile(m) => Some(m.as_str()),
+            Problem::DraApiNotServed => None,
+        })
+        .collect();
+    if !failures.is_empty() {
+        return (false, "ReconcileFailed", failures.join("; "));
+    }
+    let waiting: Vec<String> = observed
+        .operands
+        .iter()
+        .filter(|o| !o.ready)
+        .map(|o| {
+            format!(
+                "{}/{}: {} of {} pods available",
+                o.kind, o.name, o.available, o.desired
+            )
+        })
+        .collect();
+    if !waiting.is_empty() {
+        return (
+            false,
+            "OperandNotReady",
+            format!("waiting for {}", waiting.join(", ")),
+        );
+    }
+    (true, "Reconciled", "all operands are ready".into())
+}
+
+/// A condition, keeping the previous transition time when its status did not change.
+fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: Timestamp,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    Condition {
+        type_: type_.into(),
+        status,
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+/// The status for an observation; equal to `previous` when nothing changed, so no write is needed.
+pub fn status(
+    observed: &Observed,
+    generation: Option<i64>,
+    previous: Option<&GPUClusterStatus>,
+    now: Timestamp,
+) -> GPUClusterStatus {
+    let (ready, reason, message) = verdict(observed);
+    let old = previous
+        .map(|p| p.conditions.as_slice())
+        .unwrap_or_default();
+    let error_reason = if ready { "Ready" } else { reason };
+    let error_status = !ready && reason != "OperandNotReady";
+    GPUClusterStatus {
+        state: Some(if ready { State::Ready } else { State::NotReady }),
+        namespace: Some(observed.namespace.clone()),
+        conditions: vec![
+            condition("Ready", ready, reason, &message, generation, old, now),
+            condition(
+                "Error",
+                error_status,
+                error_reason,
+                if error_status { &message } else { "" },
+                generation,
+                old,
+                now,
+            ),
+        ],
+        operands: observed.operands.clone(),
+        nodes: Some(observed.nodes.clone()),
+    }
+}
+
+/// The status of a GPUCluster that is not the singleton.
+pub fn ignored(previous: Option<&GPUClusterStatus>, now: Timestamp) -> GPUClusterStatus {
+    let old = previous
+        .map(|p| p.conditions.as_slice())
+        .unwrap_or_default();
+    let message = "only the GPUCluster named gpu-cluster is reconciled; delete this one";
+    GPUClusterStatus {
+        state: Some(State::Ignored),
+        conditions: vec![
+            condition("Ready", false, "Ignored", message, None, old, now),
+            condition("Error", true, "Ignored", message, None, old, now),
+        ],
+        ..GPUClusterStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ds(generation: i64, status: serde_json::Value) -> DaemonSet {
+        serde_json::from_value(
+            json!({"metadata": {"name": "d", "generation": generation}, "status": status}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn daemonset_readiness_rules() {
+        let zero = json!({"observedGeneration": 1, "desiredNumberScheduled": 0, "currentNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0});
+        assert!(
+            daemonset(&ds(1, zero.clone())).ready,
+            "nothing to run is ready"
+        );
+        assert!(
+            !daemonset(&ds(2, zero)).ready,
+            "a new generation not yet observed"
+        );
+        let full = json!({"observedGeneration": 2, "desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberMisscheduled": 0,
+                          "numberReady": 3, "numberAvailable": 3, "updatedNumberScheduled": 3});
+        assert!(daemonset(&ds(2, full.clone())).ready);
+        let mut pending = full.clone();
+        pending["numberAvailable"] = json!(2);
+        let s = daemonset(&ds(2, pending));
+        assert!(!s.ready);
+        assert_eq!((s.desired, s.available), (3, 2));
+        let mut rolling = full;
+        rolling["updatedNumberScheduled"] = json!(1);
+        assert!(!daemonset(&ds(2, rolling)).ready);
+    }
+
+    #[test]
+    fn deployment_readiness_rules() {
+        let d = |status: serde_json::Value| -> Deployment {
+            serde_json::from_value(json!({"metadata": {"name": "c", "generation": 1}, "spec": {"selector": {}, "template": {}}, "status": status})).unwrap()
+        };
+        assert!(
+            deployment(&d(
+                json!({"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": 1})
+            ))
+            .ready
+        );
+        assert!(
+            !deployment(&d(
+                json!({"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": 0})
+            ))
+            .ready
+        );
+        assert!(!deployment(&d(json!({}))).ready);
+    }
+
+    fn operand(name: &str, ready: bool) -> OperandStatus {
+        OperandStatus {
+            name: name.into(),
+            kind: "DaemonSet".into(),
+            ready,
+            desired: 3,
+            available: if ready { 3 } else { 1 },
+        }
+    }
+
+    #[test]
+    fn state_and_conditions_say_what_waits_for_what() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let obs = Observed {
+            namespace: "gpu-operator".into(),
+            operands: vec![
+                operand("nvidia-dra-driver-kubelet-plugin", true),
+                operand("nvidia-dra-validator", false),
+            ],
+            ..Observed::default()
+        };
+        let s = status(&obs, Some(1), None, now);
+        assert_eq!(s.state, Some(State::NotReady));
+        let ready = &s.conditions[0];
+        assert_eq!(
+            (
+                ready.type_.as_str(),
+                ready.status.as_str(),
+                ready.reason.as_str()
+            ),
+            ("Ready", "False", "OperandNotReady")
+        );
+        assert_eq!(
+            ready.message,
+            "waiting for DaemonSet/nvidia-dra-validator: 1 of 3 pods available"
+        );
+        assert_eq!(s.conditions[1].status, "False", "waiting is not an error");
+
+        let all_ready = Observed {
+            operands: vec![operand("a", true)],
+            ..obs.clone()
+        };
+        let later = Timestamp::from_second(2_000).unwrap();
+        let r = status(&all_ready, Some(1), Some(&s), later);
+        assert_eq!(r.state, Some(State::Ready));
+        assert_eq!(r.conditions[0].reason, "Reconciled");
+        assert_eq!(r.conditions[0].last_transition_time, Time(later));
+        assert_eq!(
+            r.conditions[1].last_transition_time,
+            Time(now),
+            "Error stayed False"
+        );
+        assert_eq!(
+            status(
+                &all_ready,
+                Some(1),
+                Some(&r),
+                Timestamp::from_second(3_000).unwrap()
+            ),
+            r,
+            "unchanged means equal"
+        );
+    }
+
+    #[test]
+    fn problems_win_over_readiness() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let obs = Observed {
+            problems: vec![Problem::DraApiNotServed],
+            ..Observed::default()
+        };
+        let s = status(&obs, None, None, now);
+        assert_eq!(s.state, Some(State::NotReady));
+        assert_eq!(s.conditions[1].status, "True");
+        assert!(
+            s.conditions[1].message.contains("resource.k8s.io/v1")
+                && s.conditions[1].message.contains("1.34")
+        );
+
+        let bad = Observed {
+            problems: vec![Problem::Reconcile(
+                "spec.validator: incomplete image reference".into(),
+            )],
+            ..Observed::default()
+        };
+        let s = status(&bad, None, None, now);
+        assert_eq!(s.conditions[1].reason, "ReconcileFailed");
+        assert!(s.conditions[1].message.starts_with("spec.validator"));
+    }
+}

@@ -1,0 +1,308 @@
+//! The operator on the local cluster: operands appear for an empty GPUCluster, status tells which
+//! operand waits, spec edits add and prune operands, hand edits are undone, an idle operator
+//! writes nothing, and deletion drains claim consumers before the plugin.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use api::GPUCluster;
+use api::contract::{labels as l, objects as o};
+use e2e::{Env, Process, eventually, install_crd, metric};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "gpu-operator";
+const METRICS: &str = "127.0.0.1:18082";
+const LABELER_METRICS: &str = "127.0.0.1:18083";
+
+async fn names<K>(api: &Api<K>) -> anyhow::Result<Vec<String>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=gpu-operator"))
+        .await?;
+    let mut names: Vec<String> = list.items.iter().map(|o| o.name_any()).collect();
+    names.sort();
+    Ok(names)
+}
+
+fn start(env: &Env) -> anyhow::Result<(Process, Process)> {
+    let operator = env.spawn(
+        "gpu-operator",
+        "gpu-operator",
+        &[
+            ("OPERATOR_NAMESPACE", NS),
+            ("HTTP_ENDPOINT", METRICS),
+            ("POD_NAME", "operator-e2e"),
+        ],
+    )?;
+    let labeler = env.spawn(
+        "node-labeler",
+        "node-labeler-for-operator",
+        &[
+            ("HTTP_ENDPOINT", LABELER_METRICS),
+            ("POD_NAMESPACE", NS),
+            ("POD_NAME", "labeler-e2e"),
+            ("DEFAULT_GPU_ALLOCATION_MODE", "dra"),
+        ],
+    )?;
+    Ok((operator, labeler))
+}
+
+async fn set_spec(gcs: &Api<GPUCluster>, spec: serde_json::Value) -> anyhow::Result<()> {
+    gcs.patch(
+        "gpu-cluster",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"}, "spec": spec})),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
+    let Some(env) = Env::from_env("operator_on_the_local_cluster") else {
+        return Ok(());
+    };
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            NS,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+            ),
+        )
+        .await?;
+    let (operator, _labeler) = start(&env)?;
+    let gcs: Api<GPUCluster> = Api::all(client.clone());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+
+    let created = Instant::now();
+    set_spec(&gcs, json!({})).await?;
+    let all_there = eventually(Duration::from_secs(60), "every default operand", || async {
+        let ds = names(&daemonsets).await?;
+        let classes = names(&classes).await?;
+        Ok((ds.len() == 3 && classes.len() == 5).then_some((ds, classes)))
+    })
+    .await
+    .with_context(|| operator.log_tail())?;
+    assert_eq!(
+        all_there.0,
+        [
+            o::DCGM_EXPORTER_DAEMONSET,
+            o::KUBELET_PLUGIN_DAEMONSET,
+            o::VALIDATOR_DAEMONSET
+        ]
+    );
+    assert_eq!(names(&deployments).await?, [o::COMPUTE_DOMAIN_CONTROLLER]);
+    assert_eq!(
+        names(&templates).await?,
+        [o::DCGM_EXPORTER_CLAIM_TEMPLATE, o::VALIDATOR_CLAIM_TEMPLATE]
+    );
+    assert_eq!(names(&services).await?, [o::DCGM_EXPORTER_DAEMONSET]);
+    assert_eq!(
+        names(&Api::<ValidatingAdmissionPolicy>::all(client.clone())).await?,
+        [o::RESOURCESLICE_POLICY]
+    );
+    assert_eq!(
+        names(&Api::<ValidatingAdmissionPolicyBinding>::all(
+            client.clone()
+        ))
+        .await?,
+        [o::RESOURCESLICE_POLICY]
+    );
+    let ns = namespaces.get(NS).await?;
+    assert_eq!(
+        ns.labels()
+            .get(l::ADMIN_ACCESS_NAMESPACE)
+            .map(String::as_str),
+        Some("true")
+    );
+    eprintln!(
+        "operator: every operand created {:.1}s after the GPUCluster",
+        created.elapsed().as_secs_f64()
+    );
+
+    // No plugin prepares claims here, so the claim consumers are held back: status must say so.
+    let gc = eventually(
+        Duration::from_secs(60),
+        "status naming the operands that wait",
+        || async {
+            let gc = gcs.get("gpu-cluster").await?;
+            let status = gc.status.clone().unwrap_or_default();
+            let validator = status
+                .operands
+                .iter()
+                .find(|op| op.name == o::VALIDATOR_DAEMONSET);
+            Ok(validator.filter(|v| v.desired > 0 && !v.ready).map(|_| gc))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    let status = gc.status.unwrap();
+    assert_eq!(status.state, Some(api::gpucluster::State::NotReady));
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "OperandNotReady");
+    assert!(
+        ready.message.contains(o::VALIDATOR_DAEMONSET),
+        "{}",
+        ready.message
+    );
+    assert!(
+        status.nodes.as_ref().is_some_and(|n| n.gpu > 0),
+        "{:?}",
+        status.nodes
+    );
+
+    // Hand edits and deletions are undone.
+    daemonsets
+        .delete(o::VALIDATOR_DAEMONSET, &DeleteParams::default())
+        .await?;
+    classes
+        .delete(o::DEVICE_CLASS_MIG, &DeleteParams::default())
+        .await?;
+    deployments
+        .patch(o::COMPUTE_DOMAIN_CONTROLLER, &PatchParams::default(),
+               &Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [{"name": "compute-domain-controller", "image": "evil:latest"}]}}}})))
+        .await?;
+    eventually(
+        Duration::from_secs(30),
+        "deleted and edited operands restored",
+        || async {
+            let ds_back = daemonsets
+                .get_opt(o::VALIDATOR_DAEMONSET)
+                .await?
+                .is_some_and(|d| d.metadata.deletion_timestamp.is_none());
+            let class_back = classes.get_opt(o::DEVICE_CLASS_MIG).await?.is_some();
+            let d = deployments.get(o::COMPUTE_DOMAIN_CONTROLLER).await?;
+            let image = d
+                .spec
+                .and_then(|s| s.template.spec)
+                .map(|p| p.containers[0].image.clone().unwrap_or_default());
+            Ok((ds_back && class_back && image.as_deref() != Some("evil:latest")).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+
+    // Spec edits add and prune operands.
+    set_spec(
+        &gcs,
+        json!({"dcgmExporter": {"enabled": false}, "dcgm": {"enabled": true},
+                          "draDriver": {"computeDomains": {"enabled": false}}}),
+    )
+    .await?;
+    eventually(
+        Duration::from_secs(30),
+        "exporter pruned, DCGM added, ComputeDomains gone",
+        || async {
+            let ds = names(&daemonsets).await?;
+            let plugin = daemonsets.get(o::KUBELET_PLUGIN_DAEMONSET).await?;
+            let containers = plugin
+                .spec
+                .and_then(|s| s.template.spec)
+                .map(|p| p.containers.len())
+                .unwrap_or(0);
+            let ok =
+                ds == [
+                    o::DCGM_DAEMONSET,
+                    o::KUBELET_PLUGIN_DAEMONSET,
+                    o::VALIDATOR_DAEMONSET,
+                ] && names(&deployments).await?.is_empty()
+                    && names(&classes).await?.len() == 3
+                    && names(&templates).await?
+                        == [o::DCGM_CLAIM_TEMPLATE, o::VALIDATOR_CLAIM_TEMPLATE]
+                    && names(&services).await? == [o::DCGM_DAEMONSET]
+                    && containers == 1;
+            Ok(ok.then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    set_spec(&gcs, json!({})).await?;
+    eventually(Duration::from_secs(30), "defaults back", || async {
+        Ok(
+            (names(&daemonsets).await?.len() == 3 && names(&classes).await?.len() == 5)
+                .then_some(()),
+        )
+    })
+    .await?;
+
+    // Idle: no writes of any kind from the operator.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let counters = [
+        "gpu_operator_applies_total",
+        "gpu_operator_deletes_total",
+        "gpu_operator_status_writes_total",
+    ];
+    let mut before = Vec::new();
+    for c in counters {
+        before.push(metric(METRICS, c).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    for (c, b) in counters.iter().zip(&before) {
+        assert_eq!(metric(METRICS, c).await?, *b, "{c} changed while idle");
+    }
+
+    // Deletion: consumers first, then the finalizer goes and nothing is left.
+    gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
+    eventually(
+        Duration::from_secs(60),
+        "claim consumers gone while the plugin stays",
+        || async {
+            let ds = names(&daemonsets).await?;
+            let consumers_left = ds.iter().any(|n| n != o::KUBELET_PLUGIN_DAEMONSET);
+            if consumers_left {
+                anyhow::ensure!(
+                    ds.iter().any(|n| n == o::KUBELET_PLUGIN_DAEMONSET),
+                    "the plugin went before the claim consumers: {ds:?}"
+                );
+            }
+            Ok((!consumers_left).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    eventually(
+        Duration::from_secs(60),
+        "no GPUCluster, operand or operand pod left",
+        || async {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+            let left = gcs.get_opt("gpu-cluster").await?.is_some()
+                || !names(&daemonsets).await?.is_empty()
+                || !names(&deployments).await?.is_empty()
+                || !names(&classes).await?.is_empty()
+                || !names(&templates).await?.is_empty()
+                || !pods.list(&ListParams::default()).await?.items.is_empty();
+            Ok((!left).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    eprintln!(
+        "operator: idle RSS {} KiB",
+        operator.rss_kib().unwrap_or_default()
+    );
+    Ok(())
+}
