@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cluster smoke test (make test-cluster). Brings up its own cluster in .cluster/smoke on its own ports,
+# Cluster smoke test (make test-cluster). Brings up its own cluster in .cluster/smoke-<ports> on free ports,
 # then: a DeviceClass, a hand-written ResourceSlice for one fake node and a pod with a
 # ResourceClaimTemplate -> the real scheduler allocates the claim on that node; the pod stays Pending
 # while no DRA plugin is registered on the node; once the stand-in plugin (hack/test/fake-dra-plugin)
@@ -11,8 +11,23 @@ set -euo pipefail
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO_DIR="$(dirname "$HACK_DIR")"
 export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
-export CLUSTER_DIR="$REPO_DIR/.cluster/smoke"
-export PORT_BASE="${SMOKE_PORT_BASE:-27000}"
+# A port base whose five ports are all free (another smoke test or a dev cluster may be running), and
+# a state folder of its own for it.
+ports_free() {
+  local off
+  for off in 379 380 443 257 259; do
+    ! ss -Htln "sport = :$(($1 + off))" | grep -q . || return 1
+  done
+}
+PORT_BASE="${SMOKE_PORT_BASE:-}"
+if [[ -z "$PORT_BASE" ]]; then
+  for base in $(seq 27000 1000 40000); do
+    if ports_free "$base" && [[ ! -e "$REPO_DIR/.cluster/smoke-$base" ]]; then PORT_BASE=$base && break; fi
+  done
+  [[ -n "$PORT_BASE" ]] || { echo "smoke: FAIL  no free port range found" >&2; exit 1; }
+fi
+export PORT_BASE
+export CLUSTER_DIR="$REPO_DIR/.cluster/smoke-$PORT_BASE"
 export NODES=2 CPU_NODES=1
 BIN_DIR="$CACHE_DIR/bin"
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
@@ -47,7 +62,7 @@ summary() {
   echo
   echo "================ cluster smoke test ================"
   printf '%s\n' "${results[@]}"
-  if ((failed)); then echo "RESULT: FAIL (logs: $CLUSTER_DIR/logs, kept in $REPO_DIR/.cluster/smoke-logs)"; else echo "RESULT: PASS"; fi
+  if ((failed)); then echo "RESULT: FAIL (cluster logs kept in $REPO_DIR/.cluster/smoke-logs)"; else echo "RESULT: PASS"; fi
   echo "===================================================="
 }
 
@@ -82,7 +97,6 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- cluster up -------------------------------------------------------------------------------------
-"$HACK_DIR/cluster" down >/dev/null 2>&1 || true # leftovers of an interrupted run
 t0=$SECONDS
 "$HACK_DIR/cluster" up
 pass "cluster up: $((NODES + CPU_NODES)) fake nodes Ready in $((SECONDS - t0))s"

@@ -16,7 +16,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,9 +34,9 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
-	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 // Annotation keys the mini-kubelet writes on pods of its node. The KWOK pod-ready stage of the local
@@ -324,8 +323,8 @@ func (k *miniKubelet) patch(ctx context.Context, pod *v1.Pod, annotations map[st
 		return err
 	}
 	_, err = k.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, body, metav1.PatchOptions{})
-	if err != nil && strings.Contains(err.Error(), "uid") {
-		return nil // the pod was replaced; its successor gets its own sync
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil // the pod was replaced or is gone; its successor gets its own sync
 	}
 	return err
 }
