@@ -3,8 +3,19 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-/// Replaces `path` with `contents` so that a crash leaves either the old or the new file.
+/// Replaces `path` with `contents` so that a crash leaves either the old or the new file, and
+/// the new one is on disk when this returns.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
+    replace(path, contents, true)
+}
+
+/// Replaces `path` with `contents` so that readers and a crashed process see either the old or
+/// the new file, without waiting for the disk: for files that need not outlive a reboot.
+pub fn write_replace(path: &Path, contents: &[u8]) -> io::Result<()> {
+    replace(path, contents, false)
+}
+
+fn replace(path: &Path, contents: &[u8], durable: bool) -> io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
@@ -18,9 +29,14 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
     let written = (|| {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(contents)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -37,7 +53,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
         write_atomic(&path, b"one").unwrap();
-        write_atomic(&path, b"two").unwrap();
+        write_replace(&path, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);

@@ -4,7 +4,7 @@
 //! For now a spec carries device nodes and environment; driver libraries and hooks are added by
 //! the CDI work that follows. The spec is built by a pure function; [`CdiWriter`] does the I/O.
 
-use crate::atomic::write_atomic;
+use crate::atomic::write_replace;
 use crate::devices::{DeviceKind, NodeDevice};
 use api::contract::cdi::{CLASS, VENDOR};
 use serde::Serialize;
@@ -165,7 +165,9 @@ impl CdiWriter {
         self.root.join(file_name(claim_uid))
     }
 
-    /// Writes a claim's spec atomically and returns its path.
+    /// Writes a claim's spec atomically and returns its path. No fsync: a spec only matters
+    /// within this boot (after a reboot the checkpoint is discarded and claims are prepared
+    /// again), and the rename alone keeps readers and a crashed plugin from a partial file.
     pub fn write(&self, claim_uid: &str, devices: &[&NodeDevice]) -> io::Result<PathBuf> {
         std::fs::create_dir_all(&self.root)?;
         let present: Vec<&str> = CONTROL_NODES
@@ -175,7 +177,7 @@ impl CdiWriter {
         let spec = claim_spec(claim_uid, devices, &self.dev_root, &present);
         let yaml = serde_yaml::to_string(&spec).map_err(io::Error::other)?;
         let path = self.path(claim_uid);
-        write_atomic(&path, yaml.as_bytes())?;
+        write_replace(&path, yaml.as_bytes())?;
         Ok(path)
     }
 

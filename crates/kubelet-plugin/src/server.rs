@@ -6,7 +6,6 @@ use crate::sockets::{BoundSocket, SocketError, bind_private};
 use crate::types::DraBackend;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 /// Where the two sockets go.
@@ -81,12 +80,16 @@ impl Sockets {
             .add_service(dra.v1())
             .add_service(dra.v1beta1())
             .serve_with_incoming_shutdown(
-                UnixListenerStream::new(dra_listener),
+                service::grpc_uds::incoming(dra_listener),
                 stopped(stop_rx.clone()),
             );
         let reg_server = Server::builder()
             .add_service(registration.into_server())
-            .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), stopped(stop_rx));
+            .serve_with_incoming_shutdown(
+                // The kubelet sends the socket path as :authority; see service::grpc_uds.
+                service::grpc_uds::incoming(reg_listener),
+                stopped(stop_rx),
+            );
         let trigger = async move {
             shutdown.await;
             let _ = stop_tx.send(true);
