@@ -22,6 +22,8 @@ pub struct Env {
     pub bin_dir: PathBuf,
     /// Folder for logs of the processes a test starts.
     pub log_dir: PathBuf,
+    /// The cluster's state folder (`nodes/<node>/kubelet/` holds each fake node's kubelet dirs).
+    pub cluster_dir: PathBuf,
 }
 
 impl Env {
@@ -42,8 +44,14 @@ impl Env {
         let log_dir = std::env::var_os("E2E_LOG_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);
+        let kubeconfig = PathBuf::from(kubeconfig);
+        let cluster_dir = std::env::var_os("E2E_CLUSTER_DIR")
+            .map(PathBuf::from)
+            .or_else(|| kubeconfig.parent().map(Path::to_path_buf))
+            .unwrap_or_default();
         Some(Env {
-            kubeconfig: kubeconfig.into(),
+            kubeconfig,
+            cluster_dir,
             bin_dir,
             log_dir,
         })
@@ -54,6 +62,11 @@ impl Env {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
         Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The kubelet root directory of a fake node (`plugins_registry/`, `plugins/`).
+    pub fn kubelet_dir(&self, node: &str) -> PathBuf {
+        self.cluster_dir.join("nodes").join(node).join("kubelet")
     }
 
     /// Starts one of our binaries with `KUBECONFIG` set; its output goes to `<log_dir>/<log>.log`.
@@ -73,6 +86,8 @@ impl Env {
         Ok(Process { child, log_path })
     }
 }
+
+pub mod dra_node;
 
 /// A child process that is killed when the test lets go of it.
 #[derive(Debug)]

@@ -1,0 +1,341 @@
+//! The whole DRA stack on the local cluster, as the install guide describes it: operator and
+//! labeler running, one `gpu-kubelet-plugin` per fake GPU node (mock NVML, validated driver root),
+//! the mini-kubelet doing the kubelet's DRA calls. Checks what a user would: `gpu-cluster` ready,
+//! DeviceClasses and ResourceSlices, the guide's single-GPU pod allocated by the scheduler and
+//! prepared by our plugin with a CDI spec on disk, CEL selection by product, a plugin killed and
+//! restarted under a prepared claim, and deletion that leaves nothing behind.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use api::GPUCluster;
+use api::contract::objects as o;
+use api::gpucluster::State;
+use e2e::dra_node::DraNode;
+use e2e::{Env, eventually, install_crd};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+const NS: &str = "gpu-operator";
+const WORKLOADS: &str = "e2e-workloads";
+const CDI_ANNOTATION: &str = "minikubelet.gpu-operator-rs.dev/cdi-devices";
+/// (node, mock profile, GPUs): three different products.
+const NODES: [(&str, &str, u32); 3] = [
+    ("gpu-node-0", "h100-sxm5-80gb", 8),
+    ("gpu-node-1", "a100-sxm4-80gb", 2),
+    ("gpu-node-2", "l4", 4),
+];
+
+async fn apply(client: &kube::Client, ns: Option<&str>, value: Value) -> anyhow::Result<()> {
+    let (group, version) = value["apiVersion"]
+        .as_str()
+        .unwrap()
+        .rsplit_once('/')
+        .unwrap_or(("", value["apiVersion"].as_str().unwrap()));
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, value["kind"].as_str().unwrap());
+    let ar = kube::api::ApiResource::from_gvk(&gvk);
+    let api: Api<kube::api::DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let name = value["metadata"]["name"].as_str().unwrap().to_owned();
+    api.patch(
+        &name,
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&value),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The guide's single-GPU template and pod, optionally with a CEL selector on the request.
+fn workload(name: &str, selector: Option<&str>) -> (Value, Value) {
+    let mut exactly =
+        json!({"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1});
+    if let Some(cel) = selector {
+        exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
+    }
+    let template = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}});
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {"restartPolicy": "Never",
+                 "tolerations": [{"operator": "Exists"}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                 "containers": [{"name": "workload", "image": "nvcr.io/nvidia/cuda:12.6.2-base-ubi9",
+                                 "command": ["nvidia-smi", "-L"], "resources": {"claims": [{"name": "gpu"}]}}]}});
+    (template, pod)
+}
+
+/// Waits for the pod to run and returns (node, claim, CDI device IDs the kubelet got).
+async fn running(
+    pods: &Api<Pod>,
+    claims: &Api<ResourceClaim>,
+    name: &str,
+) -> anyhow::Result<(String, ResourceClaim, Vec<String>)> {
+    let pod = eventually(
+        Duration::from_secs(90),
+        &format!("pod {name} Running with CDI devices"),
+        || async {
+            let pod = pods.get(name).await?;
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            let has_cdi = pod.annotations().contains_key(CDI_ANNOTATION);
+            Ok((phase == "Running" && has_cdi).then_some(pod))
+        },
+    )
+    .await?;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let claim_name = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.resource_claim_name.clone())
+        .context("pod has no generated claim")?;
+    let claim = claims.get(&claim_name).await?;
+    let cdi: BTreeMap<String, Vec<String>> =
+        serde_json::from_str(&pod.annotations()[CDI_ANNOTATION])?;
+    Ok((
+        node,
+        claim,
+        cdi.get("workload").cloned().unwrap_or_default(),
+    ))
+}
+
+fn allocated_devices(claim: &ResourceClaim) -> Vec<(String, String)> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| (r.pool, r.device))
+        .collect()
+}
+
+#[tokio::test]
+async fn dra_stack_end_to_end() -> anyhow::Result<()> {
+    let Some(env) = Env::from_env("dra_stack_end_to_end") else {
+        return Ok(());
+    };
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    for ns in [NS, WORKLOADS] {
+        apply(
+            &client,
+            None,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await?;
+    }
+    // The chart ships the operands' ServiceAccounts; without it, the test makes them.
+    for sa in [
+        o::KUBELET_PLUGIN_SERVICE_ACCOUNT,
+        o::COMPUTE_DOMAIN_CONTROLLER_SERVICE_ACCOUNT,
+        o::VALIDATOR_SERVICE_ACCOUNT,
+        o::DCGM_EXPORTER_SERVICE_ACCOUNT,
+        o::DCGM_SERVICE_ACCOUNT,
+    ] {
+        apply(&client, Some(NS), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": NS}})).await?;
+    }
+    let _labeler = env.spawn(
+        "node-labeler",
+        "stack-node-labeler",
+        &[
+            ("HTTP_ENDPOINT", "127.0.0.1:18091"),
+            ("POD_NAMESPACE", NS),
+            ("POD_NAME", "labeler"),
+            ("DEFAULT_GPU_ALLOCATION_MODE", "dra"),
+        ],
+    )?;
+    let operator = env.spawn(
+        "gpu-operator",
+        "stack-gpu-operator",
+        &[
+            ("HTTP_ENDPOINT", "127.0.0.1:18092"),
+            ("OPERATOR_NAMESPACE", NS),
+            ("POD_NAME", "operator"),
+        ],
+    )?;
+    let mut nodes = Vec::new();
+    for (node, profile, gpus) in NODES {
+        nodes.push(DraNode::start(&env, node, profile, gpus)?);
+    }
+
+    // 1. The guide's "Validate Installation".
+    let gcs: Api<GPUCluster> = Api::all(client.clone());
+    let created = Instant::now();
+    apply(&client, None, json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": "gpu-cluster"}, "spec": {}})).await?;
+    let gc = eventually(
+        Duration::from_secs(120),
+        "kubectl get gpucluster to show ready",
+        || async {
+            let gc = gcs.get("gpu-cluster").await?;
+            Ok((gc.status.as_ref().and_then(|s| s.state) == Some(State::Ready)).then_some(gc))
+        },
+    )
+    .await
+    .with_context(|| format!("operator log:\n{}", operator.log_tail()))?;
+    eprintln!(
+        "stack: gpu-cluster ready {:.1}s after it was created",
+        created.elapsed().as_secs_f64()
+    );
+    let status = gc.status.unwrap();
+    let counts = status.nodes.unwrap();
+    assert_eq!(
+        (counts.gpu, counts.dra, counts.ready_dra),
+        (3, 3, 3),
+        "node counts"
+    );
+    assert!(
+        status.operands.iter().all(|o| o.ready),
+        "{:?}",
+        status.operands
+    );
+    let mut classes: Vec<String> = Api::<DeviceClass>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    classes.sort();
+    assert_eq!(
+        classes,
+        [
+            "compute-domain-daemon.nvidia.com",
+            "compute-domain-default-channel.nvidia.com",
+            "gpu.nvidia.com",
+            "mig.nvidia.com",
+            "vfio.gpu.nvidia.com"
+        ]
+    );
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    for (node, _, gpus) in NODES {
+        let devices: usize = slices
+            .items
+            .iter()
+            .filter(|s| {
+                s.spec.node_name.as_deref() == Some(node) && s.spec.driver == "gpu.nvidia.com"
+            })
+            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+            .sum();
+        assert!(
+            devices >= gpus as usize,
+            "{node}: {devices} devices published, want at least {gpus}"
+        );
+    }
+
+    // 2. The guide's single-GPU pod: allocated, prepared, CDI spec on disk; deleting it unprepares.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOADS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), WORKLOADS);
+    let (template, pod) = workload("gpu-workload", None);
+    apply(&client, Some(WORKLOADS), template).await?;
+    pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await?;
+    let (node, claim, cdi_ids) = running(&pods, &claims, "gpu-workload").await?;
+    let uid = claim.uid().unwrap();
+    let devices = allocated_devices(&claim);
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].0, node, "pool is the node");
+    assert_eq!(
+        cdi_ids,
+        [format!("k8s.gpu.nvidia.com/claim={uid}-{}", devices[0].1)]
+    );
+    let dra_node = nodes.iter().find(|n| n.name == node).unwrap();
+    let spec_file = dra_node
+        .cdi_root
+        .join(format!("k8s.gpu.nvidia.com-claim_{uid}.yaml"));
+    assert!(
+        spec_file.exists(),
+        "{} missing; have {:?}",
+        spec_file.display(),
+        dra_node.cdi_specs()
+    );
+    let spec_text = std::fs::read_to_string(&spec_file)?;
+    assert!(
+        spec_text.contains(&format!("{uid}-{}", devices[0].1)),
+        "{spec_text}"
+    );
+
+    // 6. Kill the plugin under the prepared claim: slices come back, the claim stays prepared.
+    let idx = nodes.iter().position(|n| n.name == node).unwrap();
+    nodes[idx].restart_plugin(&env)?;
+    eventually(
+        Duration::from_secs(60),
+        "the restarted plugin's slices",
+        || async {
+            let list = Api::<ResourceSlice>::all(client.clone())
+                .list(&ListParams::default())
+                .await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|s| s.spec.node_name.as_deref() == Some(node.as_str()))
+                .then_some(()))
+        },
+    )
+    .await?;
+    assert!(spec_file.exists(), "CDI spec lost across a plugin restart");
+
+    pods.delete("gpu-workload", &DeleteParams::default())
+        .await?;
+    eventually(
+        Duration::from_secs(90),
+        "the claim unprepared and its CDI spec removed",
+        || async { Ok((!spec_file.exists()).then_some(())) },
+    )
+    .await
+    .with_context(|| nodes[idx].plugin.log_tail())?;
+
+    // 3. CEL selection on the product name lands on the L4 node.
+    let (template, pod) = workload(
+        "l4-workload",
+        Some("device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('l4')"),
+    );
+    apply(&client, Some(WORKLOADS), template).await?;
+    pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await?;
+    let (node, _, _) = running(&pods, &claims, "l4-workload").await?;
+    assert_eq!(node, "gpu-node-2");
+    pods.delete("l4-workload", &DeleteParams::default()).await?;
+
+    // 8. Deleting the GPUCluster drains consumers first and leaves no operand or pod behind.
+    gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
+    eventually(
+        Duration::from_secs(120),
+        "the GPUCluster, its operands and their pods gone",
+        || async {
+            let operand_pods = Api::<Pod>::namespaced(client.clone(), NS)
+                .list(&ListParams::default())
+                .await?;
+            let gone = gcs.get_opt("gpu-cluster").await?.is_none() && operand_pods.items.is_empty();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(WORKLOADS, &DeleteParams::default())
+        .await;
+    Ok(())
+}
