@@ -101,6 +101,29 @@ async fn report_start(client: &kube::Client, node: &str, report: &StartReport) {
     tracing::info!(restored = report.restored, "checkpoint loaded");
 }
 
+/// After a lost checkpoint, prepares again every claim the API shows in use on this node, so
+/// the exclusive-use check and unprepare know about them. Failures are logged, never fatal.
+async fn rebuild(client: &kube::Client, driver: &Driver<KubeClaims>, node: &str) {
+    use crate::types::DraBackend;
+    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        kube::Api::all(client.clone());
+    let claims = match api.list(&Default::default()).await {
+        Ok(list) => crate::claim::in_use_on_pool(&list.items, DRIVER_NAME, node),
+        Err(e) => {
+            tracing::warn!(error = %e, "listing ResourceClaims to rebuild the checkpoint failed");
+            return;
+        }
+    };
+    for (uid, result) in driver.prepare(claims).await {
+        match result {
+            Ok(devices) => {
+                tracing::info!(%uid, devices = devices.len(), "claim restored into the checkpoint")
+            }
+            Err(e) => tracing::warn!(%uid, error = %e, "claim could not be restored"),
+        }
+    }
+}
+
 /// Runs the plugin until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let ready = match DriverReady::read(&config.driver_ready_file) {
@@ -137,6 +160,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     .context("loading the checkpoint")?;
     report_start(&client, &config.node_name, &report).await;
     let driver = Arc::new(driver.with_metrics(metrics));
+    if matches!(report.outcome, LoadOutcome::Corrupted { .. }) {
+        rebuild(&client, &driver, &config.node_name).await;
+    }
 
     let shutdown = service::shutdown::Shutdown::on_signal();
     let paths = SocketPaths::new(

@@ -165,6 +165,31 @@ pub fn resolve<'t>(
         .collect()
 }
 
+/// Claims that hold devices of `driver` in `pool` and are reserved for a consumer: what a
+/// plugin that lost its checkpoint must consider prepared.
+pub fn in_use_on_pool(claims: &[ResourceClaim], driver: &str, pool: &str) -> Vec<ClaimRef> {
+    claims
+        .iter()
+        .filter(|c| {
+            let status = c.status.as_ref();
+            let reserved = status
+                .and_then(|s| s.reserved_for.as_ref())
+                .is_some_and(|r| !r.is_empty());
+            let ours = status
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref())
+                .is_some_and(|r| r.iter().any(|r| r.driver == driver && r.pool == pool));
+            reserved && ours
+        })
+        .map(|c| ClaimRef {
+            namespace: c.metadata.namespace.clone().unwrap_or_default(),
+            uid: c.metadata.uid.clone().unwrap_or_default(),
+            name: c.metadata.name.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod fixtures {
     use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -239,6 +264,56 @@ mod tests {
                     admin_access: true
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn claims_in_use_on_this_pool_are_found() {
+        let mut reserved = claim(
+            "mine",
+            "u1",
+            &[("gpu", "gpu.nvidia.com", "node-a", "gpu-0", false)],
+            serde_json::json!([]),
+        );
+        reserved.status.as_mut().unwrap().reserved_for = Some(vec![
+            serde_json::from_value(
+                serde_json::json!({"resource": "pods", "name": "p", "uid": "pod-uid"}),
+            )
+            .unwrap(),
+        ]);
+        let mut elsewhere = reserved.clone();
+        elsewhere.metadata.uid = Some("u2".into());
+        elsewhere
+            .status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0]
+            .pool = "node-b".into();
+        let unreserved = claim(
+            "idle",
+            "u3",
+            &[("gpu", "gpu.nvidia.com", "node-a", "gpu-1", false)],
+            serde_json::json!([]),
+        );
+        let found = in_use_on_pool(
+            &[reserved, elsewhere, unreserved],
+            "gpu.nvidia.com",
+            "node-a",
+        );
+        assert_eq!(
+            found,
+            [cref("u1")].map(|mut c| {
+                c.name = "mine".into();
+                c
+            })
         );
     }
 

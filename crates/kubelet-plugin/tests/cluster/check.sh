@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# End-to-end check of gpu-kubelet-plugin on the local cluster of hack/ (real apiserver, scheduler,
+# KWOK nodes and the mini-kubelet running the kubelet's DRA manager code). Not part of
+# `cargo test`: it needs the hack tools built (`make hack-tools`) and about a minute.
+#
+#   crates/kubelet-plugin/tests/cluster/check.sh
+#
+# Brings up its own cluster (2 GPU nodes) in a temp dir on PORT_BASE (default 31000), runs one
+# plugin per node from target/debug with mock-nvml driver roots (gpu-node-0: A100 x8,
+# gpu-node-1: A100 MIG mixed layout x2), prints PASS/FAIL per point and tears everything down.
+set -Euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)"
+TARGET="${CARGO_TARGET_DIR:-$HOME/.cache/gpu-operator-rs/target}"
+BIN="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}/bin"
+WORK="$(mktemp -d /tmp/kp-check.XXXXXX)"
+export CLUSTER_DIR="$WORK/cluster" PORT_BASE="${PORT_BASE:-31000}" NODES=2 CPU_NODES=0
+export KUBECONFIG="$CLUSTER_DIR/kubeconfig" PATH="$BIN:$PATH"
+failures=0
+pass() { printf 'PASS %s\n' "$*"; }
+fail() { printf 'FAIL %s\n' "$*"; failures=$((failures + 1)); }
+check() { local what="$1"; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+wait_for() { local n="$1"; shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 1; done; return 1; }
+
+declare -A PIDS=()
+cleanup() {
+  for node in "${!PIDS[@]}"; do kill "${PIDS[$node]}" 2>/dev/null; done
+  wait 2>/dev/null
+  "$REPO/hack/cluster" down >/dev/null 2>&1
+  if ((failures)); then echo "logs kept in $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+(cd "$REPO" && cargo build -q -p kubelet-plugin -p mock-nvml) || exit 1
+"$REPO/hack/cluster" up >/dev/null || exit 1
+
+driver_root() { # node profile gpus
+  local root="$WORK/$1/driver-root/usr/lib/x86_64-linux-gnu"
+  mkdir -p "$root" "$WORK/$1/driver-root/dev"
+  cp "$TARGET/debug/libmock_nvml.so" "$root/libnvidia-ml.so.580.95.05"
+  ln -sf libnvidia-ml.so.580.95.05 "$root/libnvidia-ml.so.1"
+  printf '{"profile":"%s","gpu_count":%d}\n' "$2" "$3" >"$root/mock-nvml.json"
+  echo "boot-$1" >"$WORK/$1/boot_id"
+}
+start_plugin() { # node
+  local k="$CLUSTER_DIR/nodes/$1/kubelet"
+  NODE_NAME="$1" DRIVER_ROOT_CTR_PATH="$WORK/$1/driver-root" CDI_ROOT="$WORK/$1/cdi" \
+    KUBELET_REGISTRAR_DIRECTORY_PATH="$k/plugins_registry" KUBELET_PLUGINS_DIRECTORY_PATH="$k/plugins" \
+    DRIVER_READY_FILE="$WORK/$1/driver-ready" BOOT_ID_FILE="$WORK/$1/boot_id" RUST_LOG=info LOG_FORMAT=json \
+    "$TARGET/debug/gpu-kubelet-plugin" >>"$WORK/$1/plugin.log" 2>&1 &
+  PIDS[$1]=$!
+}
+devices() { kubectl get resourceslices --field-selector "spec.nodeName=$1" \
+  -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{end}'; }
+has_devices() { [[ "$(devices "$1")" == "$2" ]]; }
+
+driver_root gpu-node-0 a100-sxm4-40gb 8
+driver_root gpu-node-1 a100-sxm4-40gb-mig-mixed 2
+start_plugin gpu-node-0
+start_plugin gpu-node-1
+
+A100S="gpu-0 gpu-1 gpu-2 gpu-3 gpu-4 gpu-5 gpu-6 gpu-7 "
+MIGS="gpu-0-mig-1g5gb-19-6 gpu-0-mig-2g10gb-14-4 gpu-0-mig-3g20gb-9-0 gpu-1-mig-1g5gb-19-6 gpu-1-mig-2g10gb-14-4 gpu-1-mig-3g20gb-9-0 "
+check "apiserver accepts gpu-node-0's slice with 8 A100s" wait_for 30 has_devices gpu-node-0 "$A100S"
+check "apiserver accepts gpu-node-1's slice with the MIG devices" wait_for 30 has_devices gpu-node-1 "$MIGS"
+check "attributes: gpu-0 is type gpu, A100, 40Gi, driver 580.95.5" test \
+  "$(kubectl get resourceslices --field-selector spec.nodeName=gpu-node-0 -o jsonpath='{.items[0].spec.devices[0].attributes.type.string} {.items[0].spec.devices[0].attributes.productName.string} {.items[0].spec.devices[0].capacity.memory.value} {.items[0].spec.devices[0].attributes.driverVersion.version}')" \
+  = "gpu NVIDIA A100-SXM4-40GB 40Gi 580.95.5"
+check "registered with the kubelet code" wait_for 20 grep -q "registered with the kubelet" "$WORK/gpu-node-0/plugin.log"
+
+kubectl delete resourceslices --field-selector spec.nodeName=gpu-node-0 >/dev/null
+check "deleted slices are published again" wait_for 30 has_devices gpu-node-0 "$A100S"
+
+kubectl apply -f - >/dev/null <<'YAML'
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.nvidia.com}
+spec:
+  selectors:
+  - cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod, namespace: default}
+spec:
+  nodeSelector: {kubernetes.io/hostname: gpu-node-0}
+  containers:
+  - {name: main, image: busybox, resources: {claims: [{name: gpu}]}}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: one-gpu}
+YAML
+prepared() { [[ "$(kubectl get pod gpu-pod -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/prepared}')" == true ]]; }
+check "a pod's GPU claim is prepared through the kubelet DRA manager" wait_for 60 prepared
+cdi_ids="$(kubectl get pod gpu-pod -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/cdi-devices}')"
+check "the container gets k8s.gpu.nvidia.com/claim=<uid>-gpu-N ($cdi_ids)" \
+  grep -qE 'k8s\.gpu\.nvidia\.com/claim=[0-9a-f-]+-gpu-[0-7]' <<<"$cdi_ids"
+check "one CDI spec file for the claim" test "$(ls "$WORK/gpu-node-0/cdi" | grep -c '^k8s.gpu.nvidia.com-claim_')" = 1
+
+kill -9 "${PIDS[gpu-node-0]}"; wait "${PIDS[gpu-node-0]}" 2>/dev/null
+start_plugin gpu-node-0
+check "after SIGKILL the restarted plugin restores the prepared claim" \
+  wait_for 20 grep -q '"restored":1' "$WORK/gpu-node-0/plugin.log"
+kubectl delete pod gpu-pod --wait=false >/dev/null
+spec_gone() { [[ -z "$(ls "$WORK/gpu-node-0/cdi")" ]]; }
+check "deleting the pod unprepares the claim and removes its CDI spec" wait_for 60 spec_gone
+
+kubectl apply -f - >/dev/null <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod-2, namespace: default}
+spec:
+  nodeSelector: {kubernetes.io/hostname: gpu-node-0}
+  containers:
+  - {name: main, image: busybox, resources: {claims: [{name: gpu}]}}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: one-gpu}
+YAML
+prepared2() { [[ "$(kubectl get pod gpu-pod-2 -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/prepared}')" == true ]]; }
+check "a second pod's claim is prepared" wait_for 60 prepared2
+
+kill "${PIDS[gpu-node-0]}"; wait "${PIDS[gpu-node-0]}" 2>/dev/null
+check "SIGTERM removes the registration socket" \
+  test ! -e "$CLUSTER_DIR/nodes/gpu-node-0/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
+echo garbage >"$CLUSTER_DIR/nodes/gpu-node-0/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
+start_plugin gpu-node-0
+event() { [[ -n "$(kubectl get events -A --field-selector reason=CheckpointCorrupted,involvedObject.name=gpu-node-0 -o name)" ]]; }
+check "a corrupted checkpoint gives a Warning Event on the Node" wait_for 20 event
+check "... the claim in use is restored from the API" \
+  wait_for 20 grep -q "claim restored into the checkpoint" "$WORK/gpu-node-0/plugin.log"
+registrations() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 3)); }
+check "... and the plugin registers and serves again" wait_for 20 registrations
+
+echo "$failures failure(s)"
+exit $((failures > 0))
