@@ -10,7 +10,7 @@ use crate::grpc::DraService;
 use crate::health::HealthService;
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
-use crate::registration::RegistrationService;
+use crate::registration::{RegistrationService, RegistrationState};
 use crate::server::{SocketPaths, Sockets};
 use crate::sockets::private_dir;
 use anyhow::Context;
@@ -171,6 +171,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let sockets = Sockets::bind(&paths)?;
     let registration = RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy());
+    let ready = service::http::Health::default();
+    let mut registered = registration.state();
+    let readiness = ready.clone();
+    tokio::spawn(async move {
+        // /readyz follows what the kubelet last said about the registration.
+        loop {
+            let state = registered.borrow_and_update().clone();
+            readiness.set_ready(state == RegistrationState::Registered);
+            if registered.changed().await.is_err() {
+                break;
+            }
+        }
+    });
 
     let publisher = Publisher::new(client.clone(), DRIVER_NAME, &config.node_name, table)
         .await
@@ -192,12 +205,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
     if let Some(addr) = config.http_endpoint.0 {
-        let health = service::http::Health::default();
-        health.set_ready(true);
         let registry = Arc::new(registry);
         let stop = shutdown.wait();
         tokio::spawn(async move {
-            if let Err(e) = service::http::serve(addr, registry, health, stop).await {
+            if let Err(e) = service::http::serve(addr, registry, ready, stop).await {
                 tracing::error!(%addr, error = %e, "metrics server failed");
             }
         });

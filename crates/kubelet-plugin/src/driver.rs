@@ -202,9 +202,12 @@ impl<C: ClaimSource> Driver<C> {
             self.save(&state)?;
             return Err(format!("writing the CDI spec failed: {e}"));
         }
-        if let Some(entry) = state.claims.get_mut(&claim.uid) {
-            entry.state = ClaimState::PrepareCompleted;
-        }
+        let Some(entry) = state.claims.get_mut(&claim.uid) else {
+            // Unprepared while its spec was being written: leave nothing behind.
+            let _ = self.cdi.remove(&claim.uid);
+            return Err("unprepared while it was being prepared".to_owned());
+        };
+        entry.state = ClaimState::PrepareCompleted;
         self.save(&state)?;
         Ok(prepared)
     }

@@ -172,3 +172,50 @@ async fn registration_and_both_dra_versions_answer_over_unix_sockets() {
     );
     assert!(!paths.dra.exists(), "DRA socket removed on shutdown");
 }
+
+#[tokio::test]
+async fn liveness_check_follows_the_sockets() {
+    use kubelet_plugin::proto::grpc_health::health_check_response::ServingStatus;
+    use kubelet_plugin::proto::grpc_health::{HealthCheckRequest, health_client::HealthClient};
+
+    let dir = tempfile::tempdir().unwrap();
+    let paths = SocketPaths::new(&dir.path().join("reg"), &dir.path().join("plugins"));
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(HealthService::new(paths.clone()).into_server())
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(tcp)),
+    );
+    let mut client = HealthClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let check = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+
+    let down = client.check(check("liveness")).await.unwrap().into_inner();
+    assert_eq!(down.status, ServingStatus::NotServing as i32);
+
+    let sockets = Sockets::bind(&paths).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sockets.serve(
+        RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy()),
+        DraService::new(Arc::new(Echo)),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    for service in ["", "liveness"] {
+        let up = client.check(check(service)).await.unwrap().into_inner();
+        assert_eq!(
+            up.status,
+            ServingStatus::Serving as i32,
+            "service {service:?}"
+        );
+    }
+    let unknown = client.check(check("readiness")).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

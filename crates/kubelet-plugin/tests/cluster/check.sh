@@ -53,6 +53,19 @@ start_plugin() { # node
 devices() { kubectl get resourceslices --field-selector "spec.nodeName=$1" \
   -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{end}'; }
 has_devices() { [[ "$(devices "$1")" == "$2" ]]; }
+gpu_pod() { # name: a pod on gpu-node-0 with a claim from template one-gpu
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  nodeSelector: {kubernetes.io/hostname: gpu-node-0}
+  containers:
+  - {name: main, image: busybox, resources: {claims: [{name: gpu}]}}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: one-gpu}
+YAML
+}
 
 driver_root gpu-node-0 a100-sxm4-40gb 8
 driver_root gpu-node-1 a100-sxm4-40gb-mig-mixed 2
@@ -88,17 +101,8 @@ spec:
       requests:
       - name: gpu
         exactly: {deviceClassName: gpu.nvidia.com}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: gpu-pod, namespace: default}
-spec:
-  nodeSelector: {kubernetes.io/hostname: gpu-node-0}
-  containers:
-  - {name: main, image: busybox, resources: {claims: [{name: gpu}]}}
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: one-gpu}
 YAML
+gpu_pod gpu-pod
 prepared() { [[ "$(kubectl get pod gpu-pod -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/prepared}')" == true ]]; }
 check "a pod's GPU claim is prepared through the kubelet DRA manager" wait_for 60 prepared
 cdi_ids="$(kubectl get pod gpu-pod -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/cdi-devices}')"
@@ -114,17 +118,7 @@ kubectl delete pod gpu-pod --wait=false >/dev/null
 spec_gone() { [[ -z "$(ls "$WORK/gpu-node-0/cdi")" ]]; }
 check "deleting the pod unprepares the claim and removes its CDI spec" wait_for 60 spec_gone
 
-kubectl apply -f - >/dev/null <<'YAML'
-apiVersion: v1
-kind: Pod
-metadata: {name: gpu-pod-2, namespace: default}
-spec:
-  nodeSelector: {kubernetes.io/hostname: gpu-node-0}
-  containers:
-  - {name: main, image: busybox, resources: {claims: [{name: gpu}]}}
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: one-gpu}
-YAML
+gpu_pod gpu-pod-2
 prepared2() { [[ "$(kubectl get pod gpu-pod-2 -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/prepared}')" == true ]]; }
 check "a second pod's claim is prepared" wait_for 60 prepared2
 
