@@ -2,7 +2,7 @@
 
 use crate::grpc::DraService;
 use crate::registration::RegistrationService;
-use crate::sockets::{BoundSocket, SocketError, bind_private};
+use crate::sockets::{BoundSocket, SocketError, bind_private, private_dir};
 use crate::types::DraBackend;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -54,6 +54,10 @@ impl Sockets {
     /// Binds both sockets: the DRA one first, so the kubelet never finds a registration socket
     /// whose endpoint is not there yet.
     pub fn bind(paths: &SocketPaths) -> Result<Self, SocketError> {
+        // The DRA socket's directory is the plugin's own: make it 0700 whatever it was.
+        if let Some(dir) = paths.dra.parent() {
+            private_dir(dir)?;
+        }
         let dra = bind_private(&paths.dra)?;
         let registration = bind_private(&paths.registration)?;
         Ok(Self { registration, dra })

@@ -74,12 +74,19 @@ pub fn private_dir(dir: &Path) -> Result<(), SocketError> {
         .map_err(io_err("chmod 0700", dir))
 }
 
-/// Binds a Unix socket at `path` with mode `0600`, in a `0700` parent directory.
+/// Binds a Unix socket at `path` with mode `0600`.
 ///
-/// An existing socket at `path` (left by a previous run) is removed first; any other kind of
-/// file there is an error and is not touched. Must be called inside a tokio runtime.
+/// A missing parent is created with mode `0700`; an existing parent (such as the kubelet's
+/// `plugins_registry`) keeps its mode. The socket is bound in a private `0700` staging directory
+/// beside `path`, made `0600`, then renamed into place, so it is never reachable with looser
+/// permissions. An existing socket at `path` (left by a previous run) is replaced; any other
+/// kind of file there is an error and is not touched. Must be called inside a tokio runtime.
 pub fn bind_private(path: &Path) -> Result<BoundSocket, SocketError> {
-    if let Some(parent) = path.parent() {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
         private_dir(parent)?;
     }
     match std::fs::symlink_metadata(path) {
@@ -90,14 +97,28 @@ pub fn bind_private(path: &Path) -> Result<BoundSocket, SocketError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err("stat", path)(e)),
     }
-    let listener = UnixListener::bind(path).map_err(io_err("bind", path))?;
-    // The parent is 0700, so nobody else can reach the socket in the moment before this chmod.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io_err("chmod 0600", path))?;
+    let staging = parent.join(format!(".bind-{}-{}", std::process::id(), unique()));
+    private_dir(&staging)?;
+    let staged = staging.join("s");
+    let bound = (|| {
+        let listener = UnixListener::bind(&staged).map_err(io_err("bind", &staged))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err("chmod 0600", &staged))?;
+        std::fs::rename(&staged, path).map_err(io_err("move socket into place", path))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&staging);
     Ok(BoundSocket {
-        listener: Some(listener),
+        listener: Some(bound?),
         path: path.to_path_buf(),
     })
+}
+
+/// A number distinct per call within this process.
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -117,6 +138,20 @@ mod tests {
         assert_eq!(mode(path.parent().unwrap()), 0o700);
         drop(bound);
         assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn an_existing_parent_keeps_its_mode_and_no_staging_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("plugin.sock");
+        let bound = bind_private(&path).unwrap();
+        assert_eq!(mode(dir.path()), 0o755);
+        assert_eq!(mode(&path), 0o600);
+        let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(entries.len(), 1, "only the socket");
+        std::os::unix::net::UnixStream::connect(&path).expect("reachable after the rename");
+        drop(bound);
     }
 
     #[tokio::test]
