@@ -88,6 +88,7 @@ impl Env {
 }
 
 pub mod dra_node;
+pub mod helm;
 
 /// A child process that is killed when the test lets go of it.
 #[derive(Debug)]
