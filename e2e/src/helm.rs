@@ -221,3 +221,63 @@ pub async fn validate_installation(
     }
     Ok(())
 }
+
+/// A small cluster of its own (`hack/cluster up` in `<dir>` on `port_base`), whose apiserver gets
+/// `runtime_config` as its `--runtime-config`; stopped when dropped.
+#[derive(Debug)]
+pub struct OwnCluster {
+    /// Its state folder; `kubeconfig` inside is cluster admin.
+    pub dir: PathBuf,
+    port_base: u16,
+    runtime_config: String,
+}
+
+impl OwnCluster {
+    /// Starts one GPU node and no CPU node. Without `resource.k8s.io/v1` the Node authorizer cannot
+    /// start, so such a cluster authorizes by RBAC alone.
+    pub fn up(dir: PathBuf, port_base: u16, runtime_config: &str) -> anyhow::Result<OwnCluster> {
+        let cluster = OwnCluster {
+            dir,
+            port_base,
+            runtime_config: runtime_config.to_owned(),
+        };
+        cluster.run("up")?;
+        Ok(cluster)
+    }
+
+    fn run(&self, verb: &str) -> anyhow::Result<()> {
+        let out = Command::new(repo_dir().join("hack/cluster"))
+            .arg(verb)
+            .env("CLUSTER_DIR", &self.dir)
+            .env("PORT_BASE", self.port_base.to_string())
+            .env("NODES", "1")
+            .env("CPU_NODES", "0")
+            .env("APISERVER_RUNTIME_CONFIG", &self.runtime_config)
+            .env("APISERVER_AUTHORIZATION_MODE", "RBAC")
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("hack/cluster {verb}"))?;
+        if !out.status.success() {
+            bail!(
+                "hack/cluster {verb} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// The environment of `base` pointed at this cluster.
+    pub fn env(&self, base: &Env) -> Env {
+        Env {
+            kubeconfig: self.dir.join("kubeconfig"),
+            cluster_dir: self.dir.clone(),
+            ..base.clone()
+        }
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = self.run("down");
+    }
+}

@@ -560,3 +560,35 @@ fn chart_fails_without_dra_api() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// On a real apiserver with `resource.k8s.io/v1` switched off, the guide's install fails with the
+/// validation message and leaves no release.
+#[tokio::test]
+async fn chart_install_fails_on_a_cluster_without_dra_api() -> anyhow::Result<()> {
+    let Some(shared) = Env::from_env("chart_install_fails_on_a_cluster_without_dra_api") else {
+        return Ok(());
+    };
+    let cluster = e2e::helm::OwnCluster::up(
+        shared.cluster_dir.join("chart-no-dra-api"),
+        28200,
+        "resource.k8s.io/v1=false,scheduling.k8s.io/v1alpha2=true",
+    )?;
+    let env = cluster.env(&shared);
+    let out = helm_output(&env, &strs(&guide_install("driver.enabled=false")))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success(),
+        "installed on a cluster without the DRA API"
+    );
+    ensure!(
+        stderr.contains("needs a cluster that serves the resource.k8s.io/v1 DeviceClass API"),
+        "unexpected message: {stderr}"
+    );
+    eprintln!("chart: install refused as expected: {}", stderr.trim());
+    let releases = helm_ok(&env, &["list", "--all-namespaces", "--short"])?;
+    ensure!(
+        releases.trim().is_empty(),
+        "a failed install left a release: {releases}"
+    );
+    Ok(())
+}
