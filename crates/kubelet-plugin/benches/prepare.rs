@@ -4,47 +4,15 @@
 //! The claim GET is served from memory (no apiserver), so the figures cover the gRPC hop, the
 //! checks, two checkpoint writes with fsync and the CDI spec write.
 
-use gpu_discovery::testing::{FakeNode, mock_config};
-use gpu_discovery::{InitMode, NvmlSession, root};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kubelet_plugin::cdi::CdiWriter;
-use kubelet_plugin::checkpoint::CheckpointStore;
-use kubelet_plugin::client::connect_unix;
-use kubelet_plugin::devices::DeviceTable;
-use kubelet_plugin::driver::{ClaimSource, Driver};
-use kubelet_plugin::grpc::DraService;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use kubelet_plugin::proto::dra_v1::{
     Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest,
     dra_plugin_client::DraPluginClient,
 };
-use kubelet_plugin::registration::RegistrationService;
-use kubelet_plugin::server::{SocketPaths, Sockets};
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const NODE: &str = "bench-node";
-
-struct Claims(HashMap<String, ResourceClaim>);
-
-impl ClaimSource for Claims {
-    async fn get(&self, _: &str, name: &str) -> Result<ResourceClaim, String> {
-        self.0.get(name).cloned().ok_or_else(|| "not found".into())
-    }
-}
-
-fn claim(name: &str, gpus: u32) -> ResourceClaim {
-    let results: Vec<_> = (0..gpus)
-        .map(|m| serde_json::json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": format!("gpu-{m}")}))
-        .collect();
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"namespace": "bench", "name": name, "uid": name},
-        "spec": {"devices": {}},
-        "status": {"allocation": {"devices": {"results": results}}},
-    }))
-    .expect("claim")
-}
+use support::{Claims, NODE, Served, claim};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -79,58 +47,27 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    let fake = FakeNode::new();
-    fake.install_host_driver(&mock_config("a100-sxm4-40gb", 8));
-    let library = root::probe(&fake.settings())
-        .expect("mock driver")
-        .nvml_library;
-    let table = {
-        let session = NvmlSession::open(&library, InitMode::Full).expect("NVML");
-        DeviceTable::from_inventory(&session.inventory().expect("inventory"))
-    };
-    assert_eq!(table.devices.len(), 8);
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plugin_dir = dir.path().join("plugins/gpu.nvidia.com");
-    std::fs::create_dir_all(&plugin_dir).unwrap();
-    let mut claims = HashMap::new();
+    let mut claims = Vec::new();
     for i in 0..iterations {
-        claims.insert(format!("one-{i}"), claim(&format!("one-{i}"), 1));
-        claims.insert(format!("eight-{i}"), claim(&format!("eight-{i}"), 8));
+        let one = format!("one-{i}");
+        let eight = format!("eight-{i}");
+        let all: Vec<String> = (0..8).map(|m| format!("gpu-{m}")).collect();
+        let all: Vec<(&str, &str)> = all.iter().map(|d| (NODE, d.as_str())).collect();
+        claims.push(claim(&one, &one, &[(NODE, "gpu-0")]));
+        claims.push(claim(&eight, &eight, &all));
     }
-    let (driver, _) = Driver::start(
-        "gpu.nvidia.com",
-        NODE,
-        Claims(claims),
-        table,
-        CdiWriter::new(&dir.path().join("cdi"), std::path::Path::new("/")),
-        CheckpointStore::new(&plugin_dir, "bench-boot"),
-    )
-    .expect("driver");
-    let paths = SocketPaths::new(
-        &dir.path().join("plugins_registry"),
-        &dir.path().join("plugins"),
-    );
-    let sockets = Sockets::bind(&paths).expect("sockets");
-    let registration = RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server =
-        tokio::spawn(
-            sockets.serve(registration, DraService::new(Arc::new(driver)), async {
-                let _ = stopped.await;
-            }),
-        );
+    let served = Served::start(Claims::of(claims)).await;
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     println!("idle RSS with 8 GPUs, sockets served: {} KiB", rss_kib());
 
-    let mut client = DraPluginClient::new(connect_unix(&paths.dra).await.expect("connect"));
+    let mut client = DraPluginClient::new(served.channel.clone());
     for (label, prefix) in [("1-GPU claim", "one"), ("8-GPU claim", "eight")] {
         let mut prepare = Vec::with_capacity(iterations);
         let mut unprepare = Vec::with_capacity(iterations);
         for i in 0..iterations {
             let c = Claim {
-                namespace: "bench".into(),
+                namespace: "ns".into(),
                 uid: format!("{prefix}-{i}"),
                 name: format!("{prefix}-{i}"),
             };
@@ -155,6 +92,5 @@ async fn main() {
         report(&format!("unprepare, {label}"), unprepare);
     }
     println!("RSS after the runs: {} KiB", rss_kib());
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }
