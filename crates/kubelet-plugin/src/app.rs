@@ -124,6 +124,20 @@ async fn rebuild(client: &kube::Client, driver: &Driver<KubeClaims>, node: &str)
     }
 }
 
+/// Publishes the slices forever; reading the Node is retried, never fatal, so the kubelet
+/// keeps being served while the API is unreachable.
+async fn publish(client: kube::Client, node: String, table: Arc<DeviceTable>) {
+    loop {
+        match Publisher::new(client.clone(), DRIVER_NAME, &node, Arc::clone(&table)).await {
+            Ok(publisher) => return publisher.run().await,
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "reading this Node failed; retrying");
+                tokio::time::sleep(crate::publish::RETRY).await;
+            }
+        }
+    }
+}
+
 /// Runs the plugin until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let ready = match DriverReady::read(&config.driver_ready_file) {
@@ -185,10 +199,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
 
-    let publisher = Publisher::new(client.clone(), DRIVER_NAME, &config.node_name, table)
-        .await
-        .context("reading this Node")?;
-    tokio::spawn(publisher.run());
+    tokio::spawn(publish(client.clone(), config.node_name.clone(), table));
 
     if let Some(port) = config.health_port() {
         let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
