@@ -1,5 +1,13 @@
 //! The `gpu-kubelet-plugin` library: the kubelet's DRA protocol on Unix sockets, the crash-safe
 //! prepare/unprepare core with its checkpoint and CDI specs, and the ResourceSlices of a node.
+//!
+//! Pure decisions: [`claim`] (what a ResourceClaim asks of this node), [`slices`] (the slices of
+//! a device table), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
+//! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory).
+//! I/O edges: [`driver`] (prepare/unprepare with the checkpoint mutex and the claim GET),
+//! [`publish`] (slice reconciliation), [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the
+//! kubelet's sockets), [`health`] (gRPC liveness), [`metrics`], and [`app`], which wires them
+//! for the binary from [`config`].
 #![forbid(unsafe_code)]
 
 pub mod app;
