@@ -14,6 +14,41 @@ fn table(profile: &str, gpus: u32) -> DeviceTable {
     DeviceTable::from_inventory(&session.inventory().expect("inventory"))
 }
 
+/// The resource.k8s.io/v1 limits a device must meet: at most 32 attributes and capacities,
+/// string and version values at most 64 characters, names DNS labels.
+fn assert_within_api_limits(table: &DeviceTable) {
+    for slice in desired_slices(&node(), "gpu.nvidia.com", table, 1) {
+        for device in slice.spec.devices.unwrap_or_default() {
+            let attributes = device.attributes.unwrap_or_default();
+            let capacities = device.capacity.unwrap_or_default();
+            assert!(attributes.len() + capacities.len() <= 32, "{}", device.name);
+            assert!(device.name.len() <= 63, "{}", device.name);
+            assert!(
+                device
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{}",
+                device.name
+            );
+            for (name, value) in attributes {
+                let text = value.string.or(value.version).unwrap_or_default();
+                assert!(text.len() <= 64, "{}: {name} = {text:?}", device.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_shipped_profile_fits_the_api_limits() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../mock-nvml/profiles");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let profile = path.file_stem().unwrap().to_string_lossy().into_owned();
+        assert_within_api_limits(&table(&profile, 8));
+    }
+}
+
 fn node() -> NodeRef {
     NodeRef {
         name: "gpu-node-0".into(),
