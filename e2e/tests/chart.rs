@@ -21,7 +21,7 @@ use e2e::helm::{
 use e2e::{Env, Process, eventually};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -30,12 +30,8 @@ use serde_json::json;
 
 const NS: &str = "gpu-operator";
 const RELEASE: &str = "gpu-operator";
-/// (node, mock profile, GPUs).
-const NODES: [(&str, &str, u32); 3] = [
-    ("gpu-node-0", "h100-sxm5-80gb", 8),
-    ("gpu-node-1", "a100-sxm4-80gb", 2),
-    ("gpu-node-2", "l4", 4),
-];
+/// (mock profile, GPUs) given to the fake GPU nodes in name order, round robin.
+const PROFILES: [(&str, u32); 3] = [("h100-sxm5-80gb", 8), ("a100-sxm4-80gb", 2), ("l4", 4)];
 /// A node label no node has: keeps the cleanup hook's pod off the KWOK nodes (KWOK would mark it
 /// Succeeded at once) so the test can run the hook's command itself, under the hook's token.
 const HOOK_NODE_SELECTOR: &str =
@@ -73,10 +69,16 @@ fn strs(args: &[String]) -> Vec<&str> {
 }
 
 /// Removes what an earlier test left in the guide's namespace (its ServiceAccounts would clash
-/// with the chart's) and waits until the namespace is gone.
+/// with the chart's) and waits until the namespace is gone; also run at the end, for later tests.
 async fn clean_slate(client: &kube::Client) -> anyhow::Result<()> {
     let gcs: Api<GPUCluster> = Api::all(client.clone());
-    if let Some(gc) = gcs.get_opt("gpu-cluster").await? {
+    // A 404 without an object is a cluster that has no GPUCluster CRD yet.
+    let existing = match gcs.get_opt("gpu-cluster").await {
+        Ok(gc) => gc,
+        Err(kube::Error::Api(status)) if status.code == 404 => None,
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(gc) = existing {
         if !gc.finalizers().is_empty() {
             gcs.patch(
                 "gpu-cluster",
@@ -98,6 +100,16 @@ async fn clean_slate(client: &kube::Client) -> anyhow::Result<()> {
         .await?;
     }
     Ok(())
+}
+
+/// The cluster's fake GPU nodes (`nvidia.com/gpu.present=true`), sorted by name.
+async fn fake_gpu_nodes(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list_metadata(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+        .await?;
+    let mut names: Vec<String> = nodes.items.iter().map(|n| n.name_any()).collect();
+    names.sort();
+    Ok(names)
 }
 
 /// The env a chart Deployment's first container carries, resolved as the kubelet would for a pod
@@ -234,7 +246,16 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let mut plugin_kubeconfigs = BTreeMap::new();
     let mut nodes = Vec::new();
-    for (node, profile, gpus) in NODES {
+    let gpu_nodes = fake_gpu_nodes(&admin).await?;
+    ensure!(
+        gpu_nodes.len() >= 2,
+        "want at least 2 fake GPU nodes, have {gpu_nodes:?}"
+    );
+    for (node, (profile, gpus)) in gpu_nodes
+        .iter()
+        .map(String::as_str)
+        .zip(PROFILES.into_iter().cycle())
+    {
         let pod = eventually(
             Duration::from_secs(60),
             &format!("a kubelet-plugin pod on {node}"),
@@ -266,7 +287,11 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     }
 
     // 4. The guide's "Validate Installation".
-    let gpus: Vec<(&str, u32)> = NODES.iter().map(|(n, _, g)| (*n, *g)).collect();
+    let gpus: Vec<(&str, u32)> = gpu_nodes
+        .iter()
+        .map(String::as_str)
+        .zip(PROFILES.iter().map(|(_, g)| *g).cycle())
+        .collect();
     validate_installation(&admin, &gpus)
         .await
         .with_context(|| format!("operator log:\n{}", operator.log_tail()))?;
@@ -290,15 +315,16 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     }
 
     // 5. One forbidden action per ServiceAccount.
-    let plugin0 = client_from(&plugin_kubeconfigs["gpu-node-0"]).await?;
+    let (own, other) = (gpu_nodes[0].as_str(), gpu_nodes[1].as_str());
+    let plugin0 = client_from(&plugin_kubeconfigs[own]).await?;
     let foreign_slice = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": "chart-e2e-foreign-slice"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": "gpu-node-1",
-                 "pool": {"name": "gpu-node-1", "generation": 1, "resourceSliceCount": 1},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": other,
+                 "pool": {"name": other, "generation": 1, "resourceSliceCount": 1},
                  "devices": []}}))?;
     denied(
-        "the gpu-node-0 plugin writing a gpu-node-1 ResourceSlice",
+        &format!("the {own} plugin writing a {other} ResourceSlice"),
         Api::<ResourceSlice>::all(plugin0.clone())
             .create(&PostParams::default(), &foreign_slice)
             .await,
@@ -501,9 +527,8 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     }
     let releases = helm_ok(&env, &["list", "--all-namespaces", "--short"])?;
     ensure!(releases.trim().is_empty(), "helm still lists: {releases}");
-    let _ = Api::<Namespace>::all(admin.clone())
-        .delete(NS, &DeleteParams::default())
-        .await;
+    // Tests that run next create this namespace again: wait until it is really gone.
+    clean_slate(&admin).await?;
     Ok(())
 }
 
