@@ -416,12 +416,17 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     .await?;
     let hook_kubeconfig =
         sa_kubeconfig(&env, NS, "gpu-operator-cleanup", Some(&hook_pod.name_any()))?;
-    let args: Vec<String> = hook_pod
+    let container = hook_pod
         .spec
         .as_ref()
         .and_then(|s| s.containers.first())
-        .and_then(|c| c.args.clone())
-        .unwrap_or_default();
+        .context("the hook pod has no container")?;
+    ensure!(
+        container.command.as_deref() == Some(&["kubectl".to_owned()][..]),
+        "the hook runs {:?}, not kubectl",
+        container.command
+    );
+    let args = container.args.clone().unwrap_or_default();
     let out = kubectl(&hook_kubeconfig, &args)?;
     ensure!(
         out.status.success(),
