@@ -9,7 +9,7 @@ IMAGE_TAG ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 # docker, podman or anything with `build -f FILE -t TAG CONTEXT`.
 CONTAINER_TOOL ?= docker
 
-.PHONY: lint-chart test-chart update-chart-snapshots images
+.PHONY: chart-helm lint-chart test-chart update-chart-snapshots images
 
 chart-helm:
 	@[ -x $(CHART_HELM) ] || $(MAKE) --no-print-directory $(HACK_HELM_STAMP)
