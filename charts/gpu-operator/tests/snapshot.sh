@@ -59,6 +59,18 @@ for name in $(printf '%s\n' "${!CASES[@]}" | sort); do
   fi
 done
 rm -f /tmp/chart-snapshot-$$.diff
+# Least privilege, whatever the snapshots say: no role of the chart may use wildcards, touch Secrets,
+# or escalate (escalate, bind, impersonate, RBAC objects), in the guide's render.
+rules="$("$HELM" template gpu-operator "$CHART_DIR" ${CASES[guide-preinstalled-driver]} \
+  | awk '/^kind: (Cluster)?Role$/{r=1} /^---/{r=0} r')"
+for bad in "'\*'" '"\*"' '\[\*\]' 'secrets' 'escalate' 'bind\b' 'impersonate' 'rbac.authorization.k8s.io\]'; do
+  if grep -nE -- "$bad" <<<"$rules" | grep -v 'apiGroup: rbac' >/dev/null; then
+    echo "FAIL least privilege: a Role or ClusterRole matches $bad:"
+    grep -nE -- "$bad" <<<"$rules" | grep -v 'apiGroup: rbac'
+    failed=1
+  fi
+done
+((failed)) || echo "ok   least privilege (no wildcard, Secrets, escalate/bind/impersonate or RBAC rules)"
 if [[ -z "$UPDATE" ]]; then
   # A snapshot whose case was removed is stale.
   for file in "$SNAP_DIR"/*.txt; do
