@@ -10,7 +10,7 @@ export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
 export CLUSTER_DIR="$REPO_DIR/.cluster/e2e"
 export PORT_BASE="${E2E_PORT_BASE:-28000}"
-export NODES="${NODES:-3}" CPU_NODES="${CPU_NODES:-2}"
+export NODES="${NODES:-4}" CPU_NODES="${CPU_NODES:-2}"
 KEEP_LOGS="$REPO_DIR/.cluster/e2e-logs"
 
 finish() {

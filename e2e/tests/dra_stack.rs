@@ -23,12 +23,16 @@ use serde_json::{Value, json};
 const NS: &str = "gpu-operator";
 const WORKLOADS: &str = "e2e-workloads";
 const CDI_ANNOTATION: &str = "minikubelet.gpu-operator-rs.dev/cdi-devices";
-/// (node, mock profile, GPUs): three different products.
-const NODES: [(&str, &str, u32); 3] = [
+/// (node, mock profile, GPUs): four different products, the last with MIG enabled.
+const NODES: [(&str, &str, u32); 4] = [
     ("gpu-node-0", "h100-sxm5-80gb", 8),
     ("gpu-node-1", "a100-sxm4-80gb", 2),
     ("gpu-node-2", "l4", 4),
+    ("gpu-node-3", "a100-sxm4-40gb-mig-mixed", 2),
 ];
+/// The MIG node publishes only MIG devices, which the validator's and exporter's full-GPU claims
+/// cannot use; an admin turns those operands off there, and the labeler honours that.
+const MIG_NODE: &str = "gpu-node-3";
 
 async fn apply(client: &kube::Client, ns: Option<&str>, value: Value) -> anyhow::Result<()> {
     let (group, version) = value["apiVersion"]
@@ -155,6 +159,11 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     ] {
         apply(&client, Some(NS), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": NS}})).await?;
     }
+    let nodes_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes_api
+        .patch(MIG_NODE, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {
+            "nvidia.com/gpu.deploy.dra-validator": "false", "nvidia.com/gpu.deploy.dcgm-exporter-dra": "false"}}})))
+        .await?;
     let _labeler = env.spawn(
         "node-labeler",
         "stack-node-labeler",
@@ -201,7 +210,7 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     let counts = status.nodes.unwrap();
     assert_eq!(
         (counts.gpu, counts.dra, counts.ready_dra),
-        (3, 3, 3),
+        (4, 4, 4),
         "node counts"
     );
     assert!(
@@ -277,6 +286,29 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
         "{spec_text}"
     );
 
+    // 5. The exporter's admin-access claim holds every GPU of the node, the workload's included.
+    let operand_claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let exporter_has_it = operand_claims
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(|c| {
+            c.name_any().starts_with("nvidia-dcgm-exporter-dra")
+                && allocated_devices(c).contains(&devices[0])
+                && c.status
+                    .as_ref()
+                    .and_then(|s| s.allocation.as_ref())
+                    .and_then(|a| a.devices.as_ref())
+                    .and_then(|d| d.results.as_ref())
+                    .is_some_and(|r| r.iter().all(|r| r.admin_access == Some(true)))
+        });
+    assert!(
+        exporter_has_it,
+        "no admin-access exporter claim shares {:?}",
+        devices[0]
+    );
+
     // 6. Kill the plugin under the prepared claim: slices come back, the claim stays prepared.
     let idx = nodes.iter().position(|n| n.name == node).unwrap();
     nodes[idx].restart_plugin(&env)?;
@@ -318,6 +350,76 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     let (node, _, _) = running(&pods, &claims, "l4-workload").await?;
     assert_eq!(node, "gpu-node-2");
     pods.delete("l4-workload", &DeleteParams::default()).await?;
+
+    // 4. A MIG device through mig.nvidia.com, on the MIG node.
+    let mig_template = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "mig-workload", "namespace": WORKLOADS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}});
+    let (_, mut mig_pod) = workload("mig-workload", None);
+    mig_pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = json!("mig-workload");
+    apply(&client, Some(WORKLOADS), mig_template).await?;
+    pods.create(&PostParams::default(), &serde_json::from_value(mig_pod)?)
+        .await?;
+    let (node, claim, cdi_ids) = running(&pods, &claims, "mig-workload").await?;
+    assert_eq!(node, MIG_NODE);
+    let device = &allocated_devices(&claim)[0].1;
+    assert!(
+        device.starts_with("gpu-") && device.contains("-mig-"),
+        "{device}"
+    );
+    assert_eq!(cdi_ids.len(), 1);
+    pods.delete("mig-workload", &DeleteParams::default())
+        .await?;
+
+    // 7. Switching a node with a running GPU pod to device-plugin defers the plugin's label.
+    let (template, pod) = workload(
+        "switch-workload",
+        Some("device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('h100')"),
+    );
+    apply(&client, Some(WORKLOADS), template).await?;
+    pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await?;
+    let (node, _, _) = running(&pods, &claims, "switch-workload").await?;
+    nodes_api
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+            "nvidia.com/gpu-operator.resource-allocation.mode": "device-plugin"}}})),
+        )
+        .await?;
+    eventually(
+        Duration::from_secs(30),
+        "consumer labels gone, dra-driver kept",
+        || async {
+            let labels = nodes_api.get(&node).await?.labels().clone();
+            anyhow::ensure!(
+                labels
+                    .get("nvidia.com/gpu.deploy.dra-driver")
+                    .map(String::as_str)
+                    == Some("true"),
+                "dra-driver removed while a GPU pod runs"
+            );
+            Ok((!labels.contains_key("nvidia.com/gpu.deploy.dra-validator")).then_some(()))
+        },
+    )
+    .await?;
+    pods.delete("switch-workload", &DeleteParams::default())
+        .await?;
+    eventually(
+        Duration::from_secs(75),
+        "dra-driver removed after the pod left",
+        || async {
+            Ok((!nodes_api
+                .get(&node)
+                .await?
+                .labels()
+                .contains_key("nvidia.com/gpu.deploy.dra-driver"))
+            .then_some(()))
+        },
+    )
+    .await?;
 
     // 8. Deleting the GPUCluster drains consumers first and leaves no operand or pod behind.
     gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
