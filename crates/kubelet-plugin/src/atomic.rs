@@ -1,42 +1,27 @@
-//! Crash-safe file replacement: temp file, fsync, rename, fsync of the directory.
+//! File replacement without fsync, for files that need not outlive a reboot (CDI specs): readers
+//! and a crashed process see the old file or the new one, never a part. Files that must survive
+//! a crash use `gpu_discovery::atomic::write_atomic` (fsync of the file and the directory).
 
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Replaces `path` with `contents` so that a crash leaves either the old or the new file, and
-/// the new one is on disk when this returns.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
-    replace(path, contents, true)
-}
-
-/// Replaces `path` with `contents` so that readers and a crashed process see either the old or
-/// the new file, without waiting for the disk: for files that need not outlive a reboot.
+/// Replaces `path` with `contents` through a unique temp file and a rename.
 pub fn write_replace(path: &Path, contents: &[u8]) -> io::Result<()> {
-    replace(path, contents, false)
-}
-
-fn replace(path: &Path, contents: &[u8], durable: bool) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?
+        .to_string_lossy();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
     let written = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
         file.write_all(contents)?;
-        if durable {
-            file.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)?;
-        if durable {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        std::fs::rename(&tmp, path)
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -51,8 +36,8 @@ mod tests {
     #[test]
     fn replaces_the_file_and_leaves_no_temp_behind() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.json");
-        write_atomic(&path, b"one").unwrap();
+        let path = dir.path().join("spec.yaml");
+        write_replace(&path, b"one").unwrap();
         write_replace(&path, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();

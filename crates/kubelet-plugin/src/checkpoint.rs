@@ -5,8 +5,8 @@
 //! break the checksum. A checkpoint from another boot is discarded (after a reboot nothing is
 //! prepared any more); a corrupted one is moved aside and the plugin starts empty.
 
-use crate::atomic::write_atomic;
 use crate::types::PreparedDevice;
+use gpu_discovery::atomic::write_atomic;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};

@@ -6,10 +6,20 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// Registration directory default.
-pub const DEFAULT_REGISTRAR_DIR: &str = "/var/lib/kubelet/plugins_registry";
-/// Plugins directory default.
-pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+/// `<kubelet root>/plugins_registry`.
+fn default_registrar_dir() -> PathBuf {
+    PathBuf::from(paths::DEFAULT_KUBELET_ROOT).join("plugins_registry")
+}
+
+/// `<kubelet root>/plugins`.
+fn default_plugins_dir() -> PathBuf {
+    PathBuf::from(paths::DEFAULT_KUBELET_ROOT).join("plugins")
+}
+
+/// The validator's `driver-ready` file.
+fn default_driver_ready() -> PathBuf {
+    PathBuf::from(paths::VALIDATIONS_DIR).join(paths::DRIVER_READY_FILE)
+}
 
 /// `gpu-kubelet-plugin`: publishes this node's GPUs as ResourceSlices and prepares them for
 /// containers through CDI.
@@ -29,10 +39,10 @@ pub struct Config {
     #[arg(long, env = env::CDI_ROOT, default_value = paths::CDI_ROOT)]
     pub cdi_root: PathBuf,
     /// The kubelet's plugin registration directory.
-    #[arg(long, env = env::KUBELET_REGISTRAR_DIRECTORY_PATH, default_value = DEFAULT_REGISTRAR_DIR)]
+    #[arg(long, env = env::KUBELET_REGISTRAR_DIRECTORY_PATH, default_value_os_t = default_registrar_dir())]
     pub kubelet_registrar_directory_path: PathBuf,
     /// The kubelet's plugins directory; the plugin's data dir is `<this>/gpu.nvidia.com`.
-    #[arg(long, env = env::KUBELET_PLUGINS_DIRECTORY_PATH, default_value = DEFAULT_PLUGINS_DIR)]
+    #[arg(long, env = env::KUBELET_PLUGINS_DIRECTORY_PATH, default_value_os_t = default_plugins_dir())]
     pub kubelet_plugins_directory_path: PathBuf,
     /// TCP port of the gRPC liveness service; negative disables it.
     #[arg(long, env = env::HEALTHCHECK_PORT, default_value_t = -1, allow_negative_numbers = true)]
@@ -44,7 +54,7 @@ pub struct Config {
     #[arg(
         long,
         env = "DRIVER_READY_FILE",
-        default_value = "/run/nvidia/validations/driver-ready"
+        default_value_os_t = default_driver_ready()
     )]
     pub driver_ready_file: PathBuf,
     /// Source of the node's boot id (checkpoints from other boots are discarded).
@@ -101,6 +111,14 @@ mod tests {
         assert_eq!(c.health_port(), None);
         assert_eq!(c.http_endpoint, HttpEndpoint(None));
         assert_eq!(c.cdi_root, PathBuf::from("/var/run/cdi"));
+        assert_eq!(
+            c.kubelet_registrar_directory_path,
+            PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
+        assert_eq!(
+            c.driver_ready_file,
+            PathBuf::from("/run/nvidia/validations/driver-ready")
+        );
         let c = Config::try_parse_from([
             "p",
             "--node-name",
