@@ -110,6 +110,15 @@ check "the container gets k8s.gpu.nvidia.com/claim=<uid>-gpu-N ($cdi_ids)" \
   grep -qE 'k8s\.gpu\.nvidia\.com/claim=[0-9a-f-]+-gpu-[0-7]' <<<"$cdi_ids"
 check "one CDI spec file for the claim" test "$(ls "$WORK/gpu-node-0/cdi" | grep -c '^k8s.gpu.nvidia.com-claim_')" = 1
 
+generation() { kubectl get resourceslices --field-selector spec.nodeName=gpu-node-0 -o jsonpath='{.items[0].spec.pool.generation}'; }
+before="$(generation)"
+"$REPO/hack/cluster" restart-kubelet gpu-node-0 >/dev/null 2>&1
+republished() { has_devices gpu-node-0 "$A100S" && (($(generation) > before)); }
+check "after a kubelet restart (which wipes the node's slices) they are published again" wait_for 60 republished
+registered_twice() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 2)); }
+check "... the plugin registers with the new kubelet" wait_for 30 registered_twice
+check "... and the prepared claim keeps its one CDI spec" test "$(ls "$WORK/gpu-node-0/cdi" | wc -l)" = 1
+
 kill -9 "${PIDS[gpu-node-0]}"; wait "${PIDS[gpu-node-0]}" 2>/dev/null
 start_plugin gpu-node-0
 check "after SIGKILL the restarted plugin restores the prepared claim" \
@@ -131,7 +140,7 @@ event() { [[ -n "$(kubectl get events -A --field-selector reason=CheckpointCorru
 check "a corrupted checkpoint gives a Warning Event on the Node" wait_for 20 event
 check "... the claim in use is restored from the API" \
   wait_for 20 grep -q "claim restored into the checkpoint" "$WORK/gpu-node-0/plugin.log"
-registrations() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 3)); }
+registrations() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 4)); }
 check "... and the plugin registers and serves again" wait_for 20 registrations
 
 echo "$failures failure(s)"
