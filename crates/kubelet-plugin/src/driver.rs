@@ -8,7 +8,7 @@
 use crate::cdi::{self, CdiWriter};
 use crate::checkpoint::{Checkpoint, CheckpointStore, ClaimEntry, ClaimState, LoadOutcome};
 use crate::claim;
-use crate::devices::DeviceTable;
+use crate::devices::{DeviceTable, NodeDevice};
 use crate::metrics::{Metrics, Operation};
 use crate::types::{ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -134,9 +134,14 @@ impl<C: ClaimSource> Driver<C> {
             .map(|e| e.devices.clone())
     }
 
-    fn save(&self, checkpoint: &Checkpoint) -> Result<(), String> {
-        self.store
-            .save(checkpoint)
+    /// Writes the checkpoint on the blocking pool (the fsyncs must not stall the runtime's
+    /// workers); the caller holds the state lock, so writes stay serialized.
+    async fn save(&self, checkpoint: &Checkpoint) -> Result<(), String> {
+        let store = self.store.clone();
+        let snapshot = checkpoint.clone();
+        tokio::task::spawn_blocking(move || store.save(&snapshot))
+            .await
+            .map_err(|e| format!("writing the checkpoint failed: {e}"))?
             .map_err(|e| format!("writing the checkpoint failed: {e}"))?;
         if let Some(m) = &self.metrics {
             let devices = checkpoint.claims.values().map(|e| e.devices.len()).sum();
@@ -188,18 +193,24 @@ impl<C: ClaimSource> Driver<C> {
                     devices: prepared.clone(),
                 },
             );
-            if let Err(e) = self.save(&state) {
+            if let Err(e) = self.save(&state).await {
                 state.claims.remove(&claim.uid);
                 return Err(e);
             }
         }
 
-        let written = self.cdi.write(&claim.uid, &devices);
+        let cdi = self.cdi.clone();
+        let uid = claim.uid.clone();
+        let owned: Vec<NodeDevice> = devices.into_iter().cloned().collect();
+        let written =
+            tokio::task::spawn_blocking(move || cdi.write(&uid, &owned.iter().collect::<Vec<_>>()))
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e)));
         let mut state = self.state.lock().await;
         if let Err(e) = written {
             let _ = self.cdi.remove(&claim.uid);
             state.claims.remove(&claim.uid);
-            self.save(&state)?;
+            self.save(&state).await?;
             return Err(format!("writing the CDI spec failed: {e}"));
         }
         let Some(entry) = state.claims.get_mut(&claim.uid) else {
@@ -208,7 +219,7 @@ impl<C: ClaimSource> Driver<C> {
             return Err("unprepared while it was being prepared".to_owned());
         };
         entry.state = ClaimState::PrepareCompleted;
-        self.save(&state)?;
+        self.save(&state).await?;
         Ok(prepared)
     }
 
@@ -222,7 +233,7 @@ impl<C: ClaimSource> Driver<C> {
             .remove(&claim.uid)
             .map_err(|e| format!("removing the CDI spec failed: {e}"))?;
         state.claims.remove(&claim.uid);
-        self.save(&state)
+        self.save(&state).await
     }
 
     fn observe(&self, operation: Operation, ok: bool, started: Instant) {
