@@ -112,6 +112,25 @@ async fn fake_gpu_nodes(client: &kube::Client) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
+/// The name of the kubelet-plugin pod on `node` (other than `not`), once the DaemonSet made one.
+async fn plugin_pod(pods: &Api<Pod>, node: &str, not: Option<&str>) -> anyhow::Result<String> {
+    eventually(
+        Duration::from_secs(60),
+        &format!("a kubelet-plugin pod on {node}"),
+        || async {
+            let list = pods
+                .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+                .await?;
+            Ok(list
+                .items
+                .iter()
+                .map(|p| p.name_any())
+                .find(|n| n.starts_with(o::KUBELET_PLUGIN_DAEMONSET) && Some(n.as_str()) != not))
+        },
+    )
+    .await
+}
+
 /// The env a chart Deployment's first container carries, resolved as the kubelet would for a pod
 /// named `pod` (fieldRefs), with HTTP_ENDPOINT moved to a free local port.
 async fn deployment_env(
@@ -245,6 +264,7 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     // 3. One plugin per fake GPU node, with a token bound to that node's kubelet-plugin pod.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let mut plugin_kubeconfigs = BTreeMap::new();
+    let mut plugin_pods = BTreeMap::new();
     let mut nodes = Vec::new();
     let gpu_nodes = fake_gpu_nodes(&admin).await?;
     ensure!(
@@ -256,27 +276,10 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         .map(String::as_str)
         .zip(PROFILES.into_iter().cycle())
     {
-        let pod = eventually(
-            Duration::from_secs(60),
-            &format!("a kubelet-plugin pod on {node}"),
-            || async {
-                let list = pods
-                    .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-                    .await?;
-                Ok(list
-                    .items
-                    .into_iter()
-                    .find(|p| p.name_any().starts_with(o::KUBELET_PLUGIN_DAEMONSET)))
-            },
-        )
-        .await
-        .with_context(|| operator.log_tail())?;
-        let kubeconfig = sa_kubeconfig(
-            &env,
-            NS,
-            o::KUBELET_PLUGIN_SERVICE_ACCOUNT,
-            Some(&pod.name_any()),
-        )?;
+        let pod = plugin_pod(&pods, node, None)
+            .await
+            .with_context(|| operator.log_tail())?;
+        let kubeconfig = sa_kubeconfig(&env, NS, o::KUBELET_PLUGIN_SERVICE_ACCOUNT, Some(&pod))?;
         nodes.push(DraNode::start(
             &with_kubeconfig(&env, kubeconfig.clone()),
             node,
@@ -284,6 +287,7 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
             gpus,
         )?);
         plugin_kubeconfigs.insert(node, kubeconfig);
+        plugin_pods.insert(node, pod);
     }
 
     // 4. The guide's "Validate Installation".
@@ -395,6 +399,116 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
             "forbidden",
         )?;
     }
+
+    // 5b. The labeler's claim check under its token: a node switched away from DRA loses its
+    // DRA deploy labels except the plugin's, which waits for the validator's claim (pods listed,
+    // claims read, an Event written). Then the node goes back to DRA.
+    let switched = gpu_nodes.last().context("no GPU node")?.clone();
+    let nodes_api: Api<Node> = Api::all(admin.clone());
+    let set_mode = |mode: &'static str| {
+        let nodes_api = nodes_api.clone();
+        let switched = switched.clone();
+        async move {
+            let patch =
+                json!({"metadata": {"labels": {api::contract::labels::ALLOCATION_MODE: mode}}});
+            nodes_api
+                .patch_metadata(&switched, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+        }
+    };
+    set_mode("device-plugin").await?;
+    let has_label = |key: &'static str| {
+        let nodes_api = nodes_api.clone();
+        let switched = switched.clone();
+        async move {
+            let node = nodes_api.get_metadata(&switched).await?;
+            anyhow::Ok(node.labels().contains_key(key))
+        }
+    };
+    eventually(
+        Duration::from_secs(60),
+        "the switched node to lose gpu.deploy.dra-validator",
+        || async {
+            Ok((!has_label(api::contract::labels::DEPLOY_DRA_VALIDATOR).await?).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| labeler.log_tail())?;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    eventually(
+        Duration::from_secs(60),
+        "the labeler's claim check to run (an Event or the plugin label gone)",
+        || async {
+            let deferred = events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("DraDriverRemovalDeferred")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(switched.as_str())
+                });
+            let removed = !has_label(api::contract::labels::DEPLOY_DRA_DRIVER).await?;
+            Ok((deferred || removed).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| labeler.log_tail())?;
+    let log = std::fs::read_to_string(&labeler.log_path)?.to_lowercase();
+    ensure!(
+        !log.contains("forbidden") && !log.contains("failed"),
+        "the labeler's claim check failed under the chart's RBAC:\n{}",
+        labeler.log_tail()
+    );
+    // Without the plugin label the node's plugin pod goes, and a pod-bound token dies with its
+    // pod: then the new pod's token restarts the node's plugin, as the new pod would.
+    let old_pod = plugin_pods
+        .get(switched.as_str())
+        .cloned()
+        .unwrap_or_default();
+    let replaced = !has_label(api::contract::labels::DEPLOY_DRA_DRIVER).await?;
+    if replaced {
+        eventually(
+            Duration::from_secs(60),
+            "the old plugin pod to go",
+            || async { Ok(pods.get_opt(&old_pod).await?.is_none().then_some(())) },
+        )
+        .await?;
+    }
+    set_mode("dra").await?;
+    eventually(
+        Duration::from_secs(60),
+        "the node back on DRA with gpu.deploy.dra-validator",
+        || async {
+            Ok(has_label(api::contract::labels::DEPLOY_DRA_VALIDATOR)
+                .await?
+                .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| labeler.log_tail())?;
+    if replaced {
+        let idx = nodes
+            .iter()
+            .position(|n| n.name == switched)
+            .context("switched node")?;
+        let pod = plugin_pod(&pods, &switched, Some(&old_pod)).await?;
+        let kubeconfig = sa_kubeconfig(&env, NS, o::KUBELET_PLUGIN_SERVICE_ACCOUNT, Some(&pod))?;
+        nodes[idx].restart_plugin(&with_kubeconfig(&env, kubeconfig))?;
+        eprintln!(
+            "chart: {switched}'s plugin pod was replaced ({old_pod} -> {pod}); plugin restarted"
+        );
+    }
+    validate_installation(&admin, &gpus)
+        .await
+        .with_context(|| {
+            format!(
+                "after the mode switch; operator log:\n{}",
+                operator.log_tail()
+            )
+        })?;
 
     // 6. helm uninstall: its pre-delete hook deletes the GPUCluster and waits for the drain. The
     // hook pod is kept off the KWOK nodes, so this test runs the hook's command itself with the
