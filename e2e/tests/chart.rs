@@ -299,6 +299,33 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     validate_installation(&admin, &gpus)
         .await
         .with_context(|| format!("operator log:\n{}", operator.log_tail()))?;
+    // `kubectl get pods -n gpu-operator`: the guide's operands, every pod Running.
+    eventually(
+        Duration::from_secs(60),
+        "the guide's operand pods Running",
+        || async {
+            let list = pods.list(&ListParams::default()).await?;
+            let running = |prefix: &str| {
+                list.items.iter().any(|p| {
+                    p.name_any().starts_with(prefix)
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+            };
+            let all_running = list
+                .items
+                .iter()
+                .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+            let guide = [
+                "gpu-operator-",
+                "nvidia-dra-driver-controller-",
+                "nvidia-dra-driver-kubelet-plugin-",
+                "nvidia-dra-validator-",
+                "nvidia-dcgm-exporter-",
+            ];
+            Ok((all_running && guide.iter().all(|p| running(p))).then_some(()))
+        },
+    )
+    .await?;
     let gcs: Api<GPUCluster> = Api::all(admin.clone());
     for (process, name) in [(&operator, "gpu-operator"), (&labeler, "node-labeler")] {
         let log = std::fs::read_to_string(&process.log_path)?;

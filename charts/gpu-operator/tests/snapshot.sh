@@ -33,6 +33,7 @@ declare -A CASES=(
   [error-rootfs]="--namespace gpu-operator --set hostPaths.rootFS=/host"
   [error-partial-image]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false ${DRA[*]} --set gpuCluster.draDriver.repository=example.com/dra"
   [error-typo]="--namespace gpu-operator --set gpuCluster.enable=true"
+  [error-env-typo]="--namespace gpu-operator --set operator.env[0].nmae=DEFAULT_GPU_ALLOCATION_MODE --set operator.env[0].value=dra"
   [error-wrong-type]="--namespace gpu-operator --set-string operator.replicas=two"
   [error-wrong-type-bool]="--namespace gpu-operator --set dcgmExporter.enabled=yes"
 )
