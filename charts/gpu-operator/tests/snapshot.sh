@@ -27,6 +27,7 @@ declare -A CASES=(
   [defaults]="--namespace gpu-operator"
   [customised]="--namespace gpu-system --set operator.annotations.example\.com/team=gpu --set operator.labels.example\.com/tier=infra --set nodeLabeler.driverAutoUpgrade=true --set gpuCluster.enabled=true --set driver.enabled=false ${GUIDE_MODE[*]} ${DRA[*]} --set gpuCluster.draDriver.computeDomains.enabled=false --set gpuCluster.draDriver.featureGates.PassthroughSupport=true --set dcgm.enabled=true --set dcgmExporter.serviceMonitor.enabled=false --set hostPaths.kubeletRootDir=/var/lib/k0s/kubelet --set daemonsets.updateStrategy=OnDelete --set operator.replicas=2 --set nodeLabeler.replicas=2 --set operator.logFormat=json --set operator.version=v0.2.0 --set kubeletPlugin.version=v0.2.0 --set cleanupHook.enabled=false"
   [error-no-dra-api]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false ${GUIDE_MODE[*]}"
+  [error-driver-both]="--namespace gpu-operator --set driver.enabled=false --set driver.nvidiaDriverCRD.enabled=true"
   [error-driver-unmanaged]="--namespace gpu-operator --set gpuCluster.enabled=true ${GUIDE_MODE[*]} ${DRA[*]}"
   [error-bad-mode]="--namespace gpu-operator --set operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE --set operator.env[0].value=DRA"
   [error-device-plugin-mode]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false --set operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE --set operator.env[0].value=device-plugin ${DRA[*]}"
