@@ -2,6 +2,8 @@
 //!
 //! - [`root`]: find the NVIDIA driver, on the host first and then in the container driver root, and
 //!   work out the paths the `driver-ready` file carries.
+//! - [`driver_files`]: the user-space libraries, binaries, firmware, IPC sockets and device nodes
+//!   a GPU container needs, found under a probed driver root.
 //! - [`driver_ready`]: that file's format, an atomic writer and a parser.
 //! - [`nvml`]: an NVML session loaded from the probed root's `libnvidia-ml.so.1` (never from the
 //!   default library search path), reading a plain [`model`] of GPUs and MIG devices, and device
@@ -10,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod atomic;
+pub mod driver_files;
 pub mod driver_ready;
 pub mod model;
 pub mod nvml;
