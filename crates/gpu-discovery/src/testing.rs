@@ -8,6 +8,7 @@
 //! instance of the mock, configured by the `mock-nvml.json` beside it.
 
 use crate::atomic::write_atomic;
+use crate::driver_files::OPTIONAL_LIBRARIES;
 use crate::root::{LIBRARY_NAME, ProbeSettings};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -100,6 +101,113 @@ pub fn install_driver(root: &Path, config: &Value) -> PathBuf {
     versioned
 }
 
+/// Driver version of the fake roots (the versioned file names and the firmware dir).
+pub const DRIVER_VERSION: &str = "580.95.05";
+
+/// How many of [`OPTIONAL_LIBRARIES`] (from the first) [`install_driver_files`] lays out.
+pub const FAKE_OPTIONAL_LIBRARIES: usize = 6;
+
+/// The libraries installed beside the mock NVML by [`install_driver_files`], each as
+/// `<stem>.<version>` with a `<stem>.1` link to it: `libcuda.so` and the first
+/// [`FAKE_OPTIONAL_LIBRARIES`] optional ones.
+pub fn fake_libraries() -> impl Iterator<Item = &'static str> {
+    std::iter::once("libcuda.so").chain(
+        OPTIONAL_LIBRARIES[..FAKE_OPTIONAL_LIBRARIES]
+            .iter()
+            .copied(),
+    )
+}
+
+fn put(path: &Path, bytes: &[u8]) {
+    std::fs::create_dir_all(path.parent().expect("a parent")).expect("create dir");
+    std::fs::write(path, bytes).expect("write stand-in");
+}
+
+fn relink(target: &str, link: &Path) {
+    let _ = std::fs::remove_file(link);
+    std::os::unix::fs::symlink(target, link).expect("create symlink");
+}
+
+/// Lays out the rest of a driver install in `root` next to the mock NVML, as a real one looks:
+/// the libraries of [`fake_libraries`] (versioned file, `.so.1` link, and `libcuda.so` /
+/// `libnvidia-ml.so` dev links), the binaries in `usr/bin`, firmware in
+/// `lib/firmware/nvidia/<version>/`, and stand-ins for `/dev` and `/proc`: `dev/nvidiactl`,
+/// `dev/nvidia-uvm`, `dev/nvidia-uvm-tools`, `dev/nvidia-modeset` and `dev/nvidia<minor>` for
+/// each of `minors` are empty regular files (device nodes need privileges; discovery accepts
+/// regular files in their place), `proc/devices` names the `nvidia-caps` major.
+/// The library stand-ins are small text files, not ELF objects: nothing loads them.
+pub fn install_driver_files(root: &Path, minors: impl IntoIterator<Item = u32>) {
+    let lib = root.join(LIBRARY_DIR);
+    for stem in fake_libraries() {
+        let versioned = format!("{stem}.{DRIVER_VERSION}");
+        put(
+            &lib.join(&versioned),
+            format!("stand-in for {versioned}\n").as_bytes(),
+        );
+        relink(&versioned, &lib.join(format!("{stem}.1")));
+    }
+    relink("libcuda.so.1", &lib.join("libcuda.so"));
+    relink(LIBRARY_NAME, &lib.join("libnvidia-ml.so"));
+    for bin in ["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"] {
+        put(&root.join("usr/bin").join(bin), b"#!/bin/sh\nexit 0\n");
+    }
+    put(
+        &root
+            .join("lib/firmware/nvidia")
+            .join(DRIVER_VERSION)
+            .join("gsp_ga10x.bin"),
+        b"firmware stand-in",
+    );
+    for node in [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia-modeset",
+    ] {
+        put(&root.join("dev").join(node), b"");
+    }
+    for minor in minors {
+        put(&root.join(format!("dev/nvidia{minor}")), b"");
+    }
+    put(
+        &root.join("proc/devices"),
+        b"Character devices:\n  1 mem\n195 nvidia\n234 nvidia-caps\n\nBlock devices:\n  7 loop\n",
+    );
+}
+
+/// Adds a MIG device's capability files to `root`'s `/proc` stand-in and its `nvidia-caps` nodes
+/// (regular files) to `dev/`: GPU instance `gi` with `gi_minor`, compute instance `ci` with
+/// `ci_minor`, on the GPU with minor `parent_minor`.
+pub fn install_mig_caps(root: &Path, parent_minor: u32, gi: u32, ci: u32, minors: (u32, u32)) {
+    let dir = root.join(format!(
+        "proc/driver/nvidia/capabilities/gpu{parent_minor}/mig/gi{gi}"
+    ));
+    for (access, minor) in [
+        (dir.join("access"), minors.0),
+        (dir.join(format!("ci{ci}/access")), minors.1),
+    ] {
+        put(
+            &access,
+            format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\n").as_bytes(),
+        );
+        put(
+            &root.join(format!("dev/nvidia-caps/nvidia-cap{minor}")),
+            b"",
+        );
+    }
+}
+
+/// Binds a Unix socket at `root`'s `run/nvidia-persistenced/socket` and leaves the file there.
+///
+/// # Panics
+/// When the path is too long for a socket address or the bind fails.
+pub fn install_persistenced_socket(root: &Path) {
+    let path = root.join("run/nvidia-persistenced/socket");
+    std::fs::create_dir_all(path.parent().expect("a parent")).expect("create run dir");
+    let _ = std::fs::remove_file(&path);
+    drop(std::os::unix::net::UnixListener::bind(&path).expect("bind socket stand-in"));
+}
+
 /// Replaces the mock configuration of the driver in `root`, atomically (a running mock re-reads
 /// it, which is how faults are injected after init).
 pub fn configure(root: &Path, config: &Value) {
@@ -148,9 +256,16 @@ impl FakeNode {
         }
     }
 
-    /// Installs a host driver.
+    /// Installs a host driver: the mock NVML and [`install_driver_files`] with a `/dev/nvidia<minor>`
+    /// stand-in for each of the config's `gpu_count` GPUs (8 when it names none).
     pub fn install_host_driver(&self, config: &Value) -> PathBuf {
-        install_driver(&self.host_root(), config)
+        let lib = install_driver(&self.host_root(), config);
+        let gpus = config["gpu_count"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(8);
+        install_driver_files(&self.host_root(), 0..gpus);
+        lib
     }
 
     /// Installs a container driver, with a `dev/` dir in its root when `with_dev`.
