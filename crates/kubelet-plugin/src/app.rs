@@ -1,7 +1,7 @@
 //! The running plugin: wires configuration, NVML, the checkpoint, the sockets, the slice
 //! publisher, liveness and metrics together.
 
-use crate::cdi::CdiWriter;
+use crate::cdi::{CdiWriter, DriverRoots};
 use crate::checkpoint::{CheckpointStore, LoadOutcome};
 use crate::config::Config;
 use crate::devices::DeviceTable;
@@ -22,30 +22,34 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The driver roots in use: from the `driver-ready` file when present, else from the flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Roots {
-    /// Driver root as this container sees it (NVML is loaded from here).
-    pub driver_root_ctr: PathBuf,
-    /// Host root of the driver's device nodes (CDI `hostPath`s point here).
-    pub dev_root: PathBuf,
-}
+pub type Roots = DriverRoots;
 
-/// Decides the roots from the flags and an optional `driver-ready` content.
+/// Decides the roots from the flags and an optional `driver-ready` content. Without the file
+/// the dev root is the driver root when that has a `dev/` dir, else the host's `/`, which this
+/// container is expected to see at `/` (its `/dev` the host's).
 pub fn roots(config: &Config, ready: Option<&DriverReady>) -> Roots {
     match ready {
         Some(r) => Roots {
+            driver_root: r.nvidia_driver_root.clone(),
             driver_root_ctr: r.driver_root_ctr_path.clone(),
             dev_root: r.nvidia_dev_root.clone(),
+            dev_root_ctr: r.dev_root_ctr_path.clone(),
         },
         None => {
             let has_dev = config.driver_root_ctr_path.join("dev").is_dir();
+            let (dev_root, dev_root_ctr) = if has_dev {
+                (
+                    config.nvidia_driver_root.clone(),
+                    config.driver_root_ctr_path.clone(),
+                )
+            } else {
+                (PathBuf::from("/"), PathBuf::from("/"))
+            };
             Roots {
+                driver_root: config.nvidia_driver_root.clone(),
                 driver_root_ctr: config.driver_root_ctr_path.clone(),
-                dev_root: if has_dev {
-                    config.nvidia_driver_root.clone()
-                } else {
-                    PathBuf::from("/")
-                },
+                dev_root,
+                dev_root_ctr,
             }
         }
     }
@@ -168,7 +172,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.node_name,
         KubeClaims(client.clone()),
         (*table).clone(),
-        CdiWriter::new(&config.cdi_root, &roots.dev_root),
+        CdiWriter::new(&config.cdi_root, &roots),
         store,
     )
     .context("loading the checkpoint")?;

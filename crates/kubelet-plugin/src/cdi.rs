@@ -1,20 +1,23 @@
 //! CDI specs for prepared claims: one transient spec file per claim in the CDI root, with one
 //! CDI device per allocated device.
 //!
-//! For now a spec carries device nodes and environment; driver libraries and hooks are added by
-//! the CDI work that follows. The spec is built by a pure function; [`CdiWriter`] does the I/O.
+//! The spec-level edits carry what every GPU container needs once: the control device nodes, the
+//! driver's libraries, binaries, firmware and IPC sockets as read-only bind mounts (found by
+//! [`gpu_discovery::driver_files`] under the driver root and rewritten to host paths), and
+//! `NVIDIA_VISIBLE_DEVICES`. Each device adds its `/dev/nvidia<minor>` node. The spec is built by
+//! a pure function from a [`DriverView`]; [`CdiWriter`] does the I/O and refuses a claim whose
+//! required driver files are missing.
 
 use crate::atomic::write_replace;
 use crate::devices::{DeviceKind, NodeDevice};
 use api::contract::cdi::{CLASS, VENDOR};
+use gpu_discovery::driver_files::{self, DriverFiles, Missing, RootTree};
 use serde::Serialize;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// CDI version written: the lowest that allows `hostPath` on device nodes.
-pub const CDI_VERSION: &str = "0.5.0";
-/// Control device nodes injected with every claim when present on the host.
-pub const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+/// Options of every bind mount the spec carries.
+pub const MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 
 /// A CDI spec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,6 +53,21 @@ pub struct ContainerEdits {
     /// Device nodes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<DeviceNode>,
+    /// Bind mounts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// A bind mount: `hostPath` on the host at `containerPath` in the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    /// Path on the host.
+    pub host_path: String,
+    /// Path in the container.
+    pub container_path: String,
+    /// Mount options.
+    pub options: Vec<String>,
 }
 
 /// A device node: `path` in the container, `hostPath` on the host.
@@ -77,23 +95,76 @@ pub fn file_name(claim_uid: &str) -> String {
     format!("{VENDOR}-{CLASS}_{claim_uid}.yaml")
 }
 
-fn node(path: &str, dev_root: &Path) -> DeviceNode {
-    let relative = path.trim_start_matches('/');
+/// The driver as a spec sees it: what was found, as paths inside the roots, and the host paths of
+/// the driver root and the dev root they are rewritten to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverView {
+    /// Libraries, binaries, firmware and IPC paths inside the driver root.
+    pub files: DriverFiles,
+    /// Control nodes present, inside the dev root.
+    pub control_nodes: Vec<PathBuf>,
+    /// The driver root on the host.
+    pub driver_root: PathBuf,
+    /// The dev root on the host.
+    pub dev_root: PathBuf,
+}
+
+fn text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+fn node(path: &Path, dev_root: &Path) -> DeviceNode {
     DeviceNode {
-        path: path.to_owned(),
-        host_path: dev_root.join(relative).to_string_lossy().into_owned(),
+        path: text(path),
+        host_path: text(&driver_files::host_path(dev_root, path)),
     }
 }
 
+fn mount(inside: &Path, root: &Path) -> Mount {
+    Mount {
+        host_path: text(&driver_files::host_path(root, inside)),
+        container_path: text(inside),
+        options: MOUNT_OPTIONS.iter().map(|o| (*o).to_owned()).collect(),
+    }
+}
+
+/// The mounts of the driver's files: each library's file at its own path and at each link to
+/// it (so `libcuda.so.1` is there without a hook), the binaries, the firmware dir and the IPC
+/// paths.
+fn driver_mounts(driver: &DriverView) -> Vec<Mount> {
+    let files = &driver.files;
+    let libraries = files.libraries.iter().flat_map(|lib| {
+        std::iter::once(mount(&lib.file, &driver.driver_root)).chain(lib.links.iter().map(
+            |(link, _)| Mount {
+                container_path: text(link),
+                ..mount(&lib.file, &driver.driver_root)
+            },
+        ))
+    });
+    let others = files
+        .binaries
+        .iter()
+        .chain(&files.firmware)
+        .chain(&files.ipc)
+        .map(|p| mount(p, &driver.driver_root));
+    libraries.chain(others).collect()
+}
+
+/// The lowest `cdiVersion` that covers the fields `spec` uses: `hostPath` on a device node needs
+/// 0.5.0; mounts, env and device nodes without it are in 0.3.0, the earliest accepted.
+pub fn min_version(spec: &Spec) -> &'static str {
+    let edits = std::iter::once(&spec.container_edits)
+        .chain(spec.devices.iter().map(|d| &d.container_edits));
+    let host_paths = edits
+        .flat_map(|e| &e.device_nodes)
+        .any(|n| !n.host_path.is_empty());
+    if host_paths { "0.5.0" } else { "0.3.0" }
+}
+
 /// The spec of a claim: per device its `/dev/nvidia<minor>` node (the parent GPU's for a MIG
-/// device), and for the whole claim the present control nodes and `NVIDIA_VISIBLE_DEVICES`
-/// listing every device's UUID. `dev_root` is the host root of the driver's device nodes.
-pub fn claim_spec(
-    claim_uid: &str,
-    devices: &[&NodeDevice],
-    dev_root: &Path,
-    control_nodes: &[&str],
-) -> Spec {
+/// device); for the whole claim the control nodes, the driver's files as read-only bind mounts
+/// and `NVIDIA_VISIBLE_DEVICES` listing every device's UUID.
+pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView) -> Spec {
     let cdi_devices = devices
         .iter()
         .map(|d| {
@@ -109,25 +180,53 @@ pub fn claim_spec(
                     m.mig.profile
                 ));
             }
+            let gpu_node = PathBuf::from(format!("/dev/nvidia{}", d.gpu.minor));
             Device {
                 name: device_name(claim_uid, &d.name),
                 container_edits: ContainerEdits {
                     env,
-                    device_nodes: vec![node(&format!("/dev/nvidia{}", d.gpu.minor), dev_root)],
+                    device_nodes: vec![node(&gpu_node, &driver.dev_root)],
+                    mounts: Vec::new(),
                 },
             }
         })
         .collect();
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
-    Spec {
-        cdi_version: CDI_VERSION.to_owned(),
+    let mut spec = Spec {
+        cdi_version: String::new(),
         kind: format!("{VENDOR}/{CLASS}"),
         devices: cdi_devices,
         container_edits: ContainerEdits {
             env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))],
-            device_nodes: control_nodes.iter().map(|p| node(p, dev_root)).collect(),
+            device_nodes: driver
+                .control_nodes
+                .iter()
+                .map(|p| node(p, &driver.dev_root))
+                .collect(),
+            mounts: driver_mounts(driver),
         },
-    }
+    };
+    spec.cdi_version = min_version(&spec).to_owned();
+    spec
+}
+
+/// The required items missing for `devices`: `libnvidia-ml`, `libcuda` and each device's
+/// `/dev/nvidia<minor>`.
+pub fn missing_for(
+    files: &DriverFiles,
+    dev: &dyn driver_files::Tree,
+    devices: &[&NodeDevice],
+) -> Vec<Missing> {
+    let mut missing = files.missing.clone();
+    let mut minors: Vec<u32> = devices.iter().map(|d| d.gpu.minor).collect();
+    minors.sort_unstable();
+    minors.dedup();
+    missing.extend(
+        minors
+            .into_iter()
+            .filter_map(|m| driver_files::gpu_node(dev, m).err()),
+    );
+    missing
 }
 
 /// An environment-variable-safe form of a device name (`gpu-0-mig-1g5gb-19-6` →
@@ -144,19 +243,48 @@ fn env_key(name: &str) -> String {
         .collect()
 }
 
+/// Why a claim's spec was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// Required driver files are missing.
+    #[error("required driver files are missing: {}; searched driver root {} (host {}) and dev root {} (host {})", .missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), .roots.driver_root_ctr.display(), .roots.driver_root.display(), .roots.dev_root_ctr.display(), .roots.dev_root.display())]
+    Missing {
+        /// What is missing, with the paths looked at inside the roots.
+        missing: Vec<Missing>,
+        /// The roots searched.
+        roots: DriverRoots,
+    },
+    /// Writing failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// The driver root and the dev root, on the host and as this container sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverRoots {
+    /// The driver root on the host.
+    pub driver_root: PathBuf,
+    /// The driver root as this container sees it.
+    pub driver_root_ctr: PathBuf,
+    /// The dev root on the host.
+    pub dev_root: PathBuf,
+    /// The dev root as this container sees it.
+    pub dev_root_ctr: PathBuf,
+}
+
 /// Writes and removes claim specs in a CDI root.
 #[derive(Debug, Clone)]
 pub struct CdiWriter {
     root: PathBuf,
-    dev_root: PathBuf,
+    roots: DriverRoots,
 }
 
 impl CdiWriter {
-    /// Specs go to `root`; device nodes live under `dev_root` on the host.
-    pub fn new(root: &Path, dev_root: &Path) -> Self {
+    /// Specs go to `root`; the driver's files are looked up in `roots`.
+    pub fn new(root: &Path, roots: &DriverRoots) -> Self {
         Self {
             root: root.to_path_buf(),
-            dev_root: dev_root.to_path_buf(),
+            roots: roots.clone(),
         }
     }
 
@@ -165,16 +293,32 @@ impl CdiWriter {
         self.root.join(file_name(claim_uid))
     }
 
+    /// Looks the driver up for `devices`: its view, or what is missing.
+    pub fn driver_view(&self, devices: &[&NodeDevice]) -> Result<DriverView, WriteError> {
+        let files = driver_files::discover(&RootTree::new(&self.roots.driver_root_ctr));
+        let dev = RootTree::new(&self.roots.dev_root_ctr);
+        let missing = missing_for(&files, &dev, devices);
+        if !missing.is_empty() {
+            return Err(WriteError::Missing {
+                missing,
+                roots: self.roots.clone(),
+            });
+        }
+        Ok(DriverView {
+            files,
+            control_nodes: driver_files::control_nodes(&dev),
+            driver_root: self.roots.driver_root.clone(),
+            dev_root: self.roots.dev_root.clone(),
+        })
+    }
+
     /// Writes a claim's spec atomically and returns its path. No fsync: a spec only matters
     /// within this boot (after a reboot the checkpoint is discarded and claims are prepared
     /// again), and the rename alone keeps readers and a crashed plugin from a partial file.
-    pub fn write(&self, claim_uid: &str, devices: &[&NodeDevice]) -> io::Result<PathBuf> {
+    pub fn write(&self, claim_uid: &str, devices: &[&NodeDevice]) -> Result<PathBuf, WriteError> {
+        let driver = self.driver_view(devices)?;
         std::fs::create_dir_all(&self.root)?;
-        let present: Vec<&str> = CONTROL_NODES
-            .into_iter()
-            .filter(|p| self.dev_root.join(p.trim_start_matches('/')).exists())
-            .collect();
-        let spec = claim_spec(claim_uid, devices, &self.dev_root, &present);
+        let spec = claim_spec(claim_uid, devices, &driver);
         let yaml = serde_yaml::to_string(&spec).map_err(io::Error::other)?;
         let path = self.path(claim_uid);
         write_replace(&path, yaml.as_bytes())?;
@@ -205,8 +349,7 @@ mod tests {
         assert_eq!(file_name("u1"), "k8s.gpu.nvidia.com-claim_u1.yaml");
     }
 
-    #[test]
-    fn a_claim_spec_snapshot() {
+    fn mig_device() -> NodeDevice {
         let mut mig = gpu(1);
         mig.name = "gpu-1-mig-1g5gb-19-6".into();
         mig.uuid = "MIG-1".into();
@@ -215,28 +358,119 @@ mod tests {
             start: 6,
             size: 1,
         });
-        let spec = claim_spec(
-            "u1",
-            &[&gpu(0), &mig],
-            Path::new("/run/nvidia/driver"),
-            &["/dev/nvidiactl"],
+        mig
+    }
+
+    /// Every `hostPath` in a written spec, from its YAML.
+    fn host_paths(yaml: &str) -> Vec<PathBuf> {
+        let value: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
+        let mut out = Vec::new();
+        let mut stack = vec![&value];
+        while let Some(v) = stack.pop() {
+            match v {
+                serde_yaml::Value::Mapping(m) => {
+                    for (k, v) in m {
+                        match (k.as_str(), v.as_str()) {
+                            (Some("hostPath"), Some(p)) => out.push(PathBuf::from(p)),
+                            _ => stack.push(v),
+                        }
+                    }
+                }
+                serde_yaml::Value::Sequence(s) => stack.extend(s),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Writes the spec of `devices` over the fake driver root, checks every host path in it
+    /// exists there, and snapshots it with the temp dir written as `<root>`.
+    fn spec_over_fixture(name: &str, devices: &[&NodeDevice]) {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = testutil::driver_roots(dir.path(), 2);
+        gpu_discovery::testing::install_persistenced_socket(&roots.driver_root);
+        let writer = CdiWriter::new(&dir.path().join("cdi"), &roots);
+        let yaml = std::fs::read_to_string(writer.write("u1", devices).unwrap()).unwrap();
+        let paths = host_paths(&yaml);
+        assert!(paths.len() > 20, "{yaml}");
+        for path in &paths {
+            assert!(
+                std::fs::symlink_metadata(path).is_ok(),
+                "{} is in the spec but not in the fixture",
+                path.display()
+            );
+        }
+        let root = roots.driver_root.to_string_lossy().into_owned();
+        insta::assert_snapshot!(name, yaml.replace(&root, "<root>"));
+    }
+
+    #[test]
+    fn the_spec_of_a_full_gpu() {
+        spec_over_fixture("full_gpu", &[&gpu(0)]);
+    }
+
+    #[test]
+    fn the_spec_of_two_gpus() {
+        spec_over_fixture("two_gpus", &[&gpu(0), &gpu(1)]);
+    }
+
+    #[test]
+    fn the_spec_of_a_mig_device() {
+        spec_over_fixture("mig_device", &[&mig_device()]);
+    }
+
+    #[test]
+    fn the_version_is_the_lowest_covering_the_fields() {
+        let driver = DriverView {
+            files: DriverFiles::default(),
+            control_nodes: Vec::new(),
+            driver_root: "/".into(),
+            dev_root: "/".into(),
+        };
+        let mut spec = claim_spec("u1", &[&gpu(0)], &driver);
+        assert_eq!(spec.cdi_version, "0.5.0");
+        spec.devices[0].container_edits.device_nodes[0].host_path = String::new();
+        assert_eq!(min_version(&spec), "0.3.0");
+    }
+
+    #[test]
+    fn missing_required_files_are_listed_with_where_they_were_looked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = testutil::driver_roots(dir.path(), 1);
+        let lib = roots.driver_root.join(gpu_discovery::testing::LIBRARY_DIR);
+        for name in ["libcuda.so", "libcuda.so.1", "libcuda.so.580.95.05"] {
+            std::fs::remove_file(lib.join(name)).unwrap();
+        }
+        let writer = CdiWriter::new(&dir.path().join("cdi"), &roots);
+        let err = writer.write("u1", &[&gpu(0), &gpu(1)]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "required driver files are missing: libcuda.so (looked at /libcuda.so.*, /usr/lib64/libcuda.so.*,"
+            ),
+            "{text}"
         );
-        insta::assert_yaml_snapshot!(spec);
+        assert!(
+            text.contains("; /dev/nvidia1 (looked at /dev/nvidia1)"),
+            "{text}"
+        );
+        assert!(!text.contains("/dev/nvidia0"), "{text}");
+        assert!(
+            text.contains(&roots.driver_root.display().to_string()),
+            "{text}"
+        );
+        assert!(!writer.path("u1").exists());
     }
 
     #[test]
     fn write_and_remove_are_idempotent() {
         let dir = tempfile::tempdir().unwrap();
-        let dev = dir.path().join("devroot");
-        std::fs::create_dir_all(dev.join("dev")).unwrap();
-        std::fs::write(dev.join("dev/nvidiactl"), b"").unwrap();
-        let writer = CdiWriter::new(&dir.path().join("cdi"), &dev);
-        let path = writer.write("u1", &[&gpu(0)]).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            text.contains("nvidiactl") && !text.contains("nvidia-uvm"),
-            "{text}"
+        let writer = CdiWriter::new(
+            &dir.path().join("cdi"),
+            &testutil::driver_roots(dir.path(), 1),
         );
+        let path = writer.write("u1", &[&gpu(0)]).unwrap();
+        assert!(path.exists());
         writer.remove("u1").unwrap();
         assert!(!path.exists());
         writer.remove("u1").unwrap();

@@ -205,7 +205,7 @@ impl<C: ClaimSource> Driver<C> {
         let written =
             tokio::task::spawn_blocking(move || cdi.write(&uid, &owned.iter().collect::<Vec<_>>()))
                 .await
-                .unwrap_or_else(|e| Err(io::Error::other(e)));
+                .unwrap_or_else(|e| Err(io::Error::other(e).into()));
         let mut state = self.state.lock().await;
         if let Err(e) = written {
             let _ = self.cdi.remove(&claim.uid);
@@ -344,7 +344,7 @@ mod tests {
             NODE,
             Arc::clone(claims),
             table(8),
-            CdiWriter::new(&dir.join("cdi"), &dir.join("devroot")),
+            CdiWriter::new(&dir.join("cdi"), &crate::testutil::driver_roots(dir, 8)),
             CheckpointStore::new(&dir.join("plugin"), "boot-1"),
         )
         .unwrap()
@@ -445,6 +445,37 @@ mod tests {
         assert!(err("u7").contains("not found in the API"), "{}", err("u7"));
         let cdi: Vec<_> = std::fs::read_dir(dir.path().join("cdi")).unwrap().collect();
         assert_eq!(cdi.len(), 1, "only the good claim has a spec");
+    }
+
+    #[tokio::test]
+    async fn a_missing_device_node_fails_only_its_claim() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("a", "u1", &["gpu-0"]));
+        claims.put(exclusive("b", "u2", &["gpu-5"]));
+        claims.put(exclusive("c", "u3", &["gpu-1"]));
+        let (d, _) = driver(dir.path(), &claims);
+        let node = dir.path().join("driver/dev/nvidia5");
+        std::fs::remove_file(&node).unwrap();
+        let answers = d
+            .prepare(vec![cref("a", "u1"), cref("b", "u2"), cref("c", "u3")])
+            .await;
+        assert!(
+            answers["u1"].is_ok() && answers["u3"].is_ok(),
+            "{answers:?}"
+        );
+        let err = answers["u2"].clone().unwrap_err();
+        assert!(
+            err.starts_with("claim ns/b (uid u2): writing the CDI spec failed: required driver files are missing: /dev/nvidia5 (looked at /dev/nvidia5); searched driver root "),
+            "{err}"
+        );
+        assert!(
+            !dir.path()
+                .join("cdi/k8s.gpu.nvidia.com-claim_u2.yaml")
+                .exists()
+        );
+        // Nothing of the failed claim is kept: once the node is there it prepares.
+        std::fs::write(&node, b"").unwrap();
+        assert!(d.prepare(vec![cref("b", "u2")]).await["u2"].is_ok());
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 use gpu_discovery::testing::{FakeNode, mock_config};
 use gpu_discovery::{InitMode, NvmlSession, root};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kubelet_plugin::cdi::CdiWriter;
+use kubelet_plugin::cdi::{CdiWriter, DriverRoots};
 use kubelet_plugin::checkpoint::CheckpointStore;
 use kubelet_plugin::client::connect_unix;
 use kubelet_plugin::devices::DeviceTable;
@@ -70,7 +70,11 @@ pub fn claim(name: &str, uid: &str, results: &[(&str, &str)]) -> ResourceClaim {
 
 /// Eight A100s from the mock NVML.
 pub fn eight_a100s() -> DeviceTable {
-    let node = FakeNode::new();
+    eight_a100s_on(&FakeNode::new())
+}
+
+/// Eight A100s from the mock NVML installed as `node`'s host driver (with its driver files).
+pub fn eight_a100s_on(node: &FakeNode) -> DeviceTable {
     node.install_host_driver(&mock_config("a100-sxm4-40gb", 8));
     let library = root::probe(&node.settings())
         .expect("mock driver")
@@ -87,6 +91,8 @@ pub struct Served {
     pub cdi_root: PathBuf,
     /// A channel to the DRA socket.
     pub channel: Channel,
+    /// The fake node whose host root holds the driver the specs point at.
+    pub node: FakeNode,
     stop: oneshot::Sender<()>,
     server: JoinHandle<Result<(), ServeError>>,
 }
@@ -95,6 +101,7 @@ impl Served {
     /// Starts a driver for [`NODE`] over `claims` and eight mock A100s.
     pub async fn start(claims: Claims) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        let node = FakeNode::new();
         let plugin_dir = dir.path().join("plugins/gpu.nvidia.com");
         std::fs::create_dir_all(&plugin_dir).unwrap();
         let cdi_root = dir.path().join("cdi");
@@ -102,8 +109,16 @@ impl Served {
             "gpu.nvidia.com",
             NODE,
             claims,
-            eight_a100s(),
-            CdiWriter::new(&cdi_root, std::path::Path::new("/")),
+            eight_a100s_on(&node),
+            CdiWriter::new(
+                &cdi_root,
+                &DriverRoots {
+                    driver_root: node.host_root(),
+                    driver_root_ctr: node.host_root(),
+                    dev_root: node.host_root(),
+                    dev_root_ctr: node.host_root(),
+                },
+            ),
             CheckpointStore::new(&plugin_dir, "boot"),
         )
         .expect("driver starts");
@@ -122,6 +137,7 @@ impl Served {
             dir,
             cdi_root,
             channel,
+            node,
             stop,
             server,
         }
