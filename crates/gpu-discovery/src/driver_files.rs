@@ -156,6 +156,15 @@ pub struct Library {
     pub links: Vec<(PathBuf, PathBuf)>,
 }
 
+/// A binary: where it is looked up and the regular file that path resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binary {
+    /// The path in a binary dir (`/usr/bin/nvidia-smi`), inside the root.
+    pub path: PathBuf,
+    /// The regular file it resolves to, inside the root.
+    pub file: PathBuf,
+}
+
 /// A required item that is not there, with every path looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Missing {
@@ -178,8 +187,8 @@ pub struct DriverFiles {
     pub version: Option<String>,
     /// Libraries found, required ones first.
     pub libraries: Vec<Library>,
-    /// Binaries found (real files, symlinks resolved), inside the root.
-    pub binaries: Vec<PathBuf>,
+    /// Binaries found.
+    pub binaries: Vec<Binary>,
     /// `lib/firmware/nvidia/<version>` when present.
     pub firmware: Option<PathBuf>,
     /// IPC sockets and the MPS pipe dir present.
@@ -307,13 +316,14 @@ pub fn version_of(file: &Path, stem: &str) -> Option<String> {
 }
 
 /// The first of `name` in the binary dirs that resolves to a non-empty regular file.
-pub fn find_binary(tree: &dyn Tree, name: &str) -> Option<PathBuf> {
-    BINARY_DIRS
-        .iter()
-        .find_map(|dir| match resolve(tree, &Path::new(dir).join(name)) {
-            Some((real, Entry::File { len })) if len > 0 => Some(real),
+pub fn find_binary(tree: &dyn Tree, name: &str) -> Option<Binary> {
+    BINARY_DIRS.iter().find_map(|dir| {
+        let path = Path::new(dir).join(name);
+        match resolve(tree, &path) {
+            Some((file, Entry::File { len })) if len > 0 => Some(Binary { path, file }),
             _ => None,
-        })
+        }
+    })
 }
 
 /// Discovers the user-space files of the driver in `tree`.
@@ -564,6 +574,11 @@ mod tests {
         m.0.retain(|p, _| !p.to_string_lossy().contains("libcuda"));
         m.put("/lib/firmware/nvidia/580.95.05", Entry::Dir)
             .file("/usr/bin/nvidia-smi")
+            .file("/opt/nvidia/nvidia-debugdump")
+            .link(
+                "/usr/bin/nvidia-debugdump",
+                "../../opt/nvidia/nvidia-debugdump",
+            )
             .put("/run/nvidia-persistenced/socket", Entry::Socket)
             .file("/run/nvidia-fabricmanager/socket")
             .put("/tmp/nvidia-mps", Entry::Dir);
@@ -573,7 +588,19 @@ mod tests {
             found.firmware.as_deref(),
             Some(Path::new("/lib/firmware/nvidia/580.95.05"))
         );
-        assert_eq!(found.binaries, vec![PathBuf::from("/usr/bin/nvidia-smi")]);
+        assert_eq!(
+            found.binaries,
+            vec![
+                Binary {
+                    path: "/usr/bin/nvidia-smi".into(),
+                    file: "/usr/bin/nvidia-smi".into()
+                },
+                Binary {
+                    path: "/usr/bin/nvidia-debugdump".into(),
+                    file: "/opt/nvidia/nvidia-debugdump".into()
+                }
+            ]
+        );
         assert_eq!(
             found.ipc,
             vec![

@@ -129,8 +129,8 @@ fn mount(inside: &Path, root: &Path) -> Mount {
 }
 
 /// The mounts of the driver's files: each library's file at its own path and at each link to
-/// it (so `libcuda.so.1` is there without a hook), the binaries, the firmware dir and the IPC
-/// paths.
+/// it (so `libcuda.so.1` is there without a hook), the binaries' files at their lookup paths,
+/// the firmware dir and the IPC paths.
 fn driver_mounts(driver: &DriverView) -> Vec<Mount> {
     let files = &driver.files;
     let libraries = files.libraries.iter().flat_map(|lib| {
@@ -141,13 +141,16 @@ fn driver_mounts(driver: &DriverView) -> Vec<Mount> {
             },
         ))
     });
+    let binaries = files.binaries.iter().map(|b| Mount {
+        container_path: text(&b.path),
+        ..mount(&b.file, &driver.driver_root)
+    });
     let others = files
-        .binaries
+        .firmware
         .iter()
-        .chain(&files.firmware)
         .chain(&files.ipc)
         .map(|p| mount(p, &driver.driver_root));
-    libraries.chain(others).collect()
+    libraries.chain(binaries).chain(others).collect()
 }
 
 /// The lowest `cdiVersion` that covers the fields `spec` uses: `hostPath` on a device node needs
