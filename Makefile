@@ -13,7 +13,7 @@ CARGO ?= cargo
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: build test lint fmt generate test-rust test-e2e demo help
+.PHONY: build test lint fmt generate test-rust test-e2e bench-scale demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -40,6 +40,9 @@ test-e2e: hack-tools ## End-to-end suite on a local cluster of its own (e2e/run.
 
 test: lint test-rust $(TEST_TARGETS) test-e2e ## What CI runs: lint, then every test
 	@echo "make test: all suites passed"
+
+bench-scale: hack-tools ## Labeler and operator at 1,000 and 5,000 fake GPU nodes (not part of make test)
+	CACHE_DIR=$(CACHE_DIR) hack/bench-scale.sh
 
 demo: ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
 	CACHE_DIR=$(CACHE_DIR) hack/demo.sh

@@ -12,6 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -21,6 +22,7 @@ use serde_json::json;
 const NS: &str = "gpu-operator";
 const METRICS: &str = "127.0.0.1:18082";
 const LABELER_METRICS: &str = "127.0.0.1:18083";
+const STANDBY_METRICS: &str = "127.0.0.1:18084";
 
 async fn names<K>(api: &Api<K>) -> anyhow::Result<Vec<String>>
 where
@@ -87,6 +89,16 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         )
         .await?;
     let (operator, _labeler) = start(&env)?;
+    // A second replica: it must stay idle while the first holds the Lease.
+    let standby = env.spawn(
+        "gpu-operator",
+        "gpu-operator-standby",
+        &[
+            ("OPERATOR_NAMESPACE", NS),
+            ("HTTP_ENDPOINT", STANDBY_METRICS),
+            ("POD_NAME", "operator-e2e-standby"),
+        ],
+    )?;
     let gcs: Api<GPUCluster> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
@@ -249,7 +261,12 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     })
     .await?;
 
-    // Idle: no writes of any kind from the operator.
+    // Idle: no writes of any kind from either replica.
+    let both = |name: &'static str| async move {
+        Ok::<f64, anyhow::Error>(
+            metric(METRICS, name).await? + metric(STANDBY_METRICS, name).await?,
+        )
+    };
     tokio::time::sleep(Duration::from_secs(5)).await;
     let counters = [
         "gpu_operator_applies_total",
@@ -258,12 +275,56 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     ];
     let mut before = Vec::new();
     for c in counters {
-        before.push(metric(METRICS, c).await?);
+        before.push(both(c).await?);
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
     for (c, b) in counters.iter().zip(&before) {
-        assert_eq!(metric(METRICS, c).await?, *b, "{c} changed while idle");
+        assert_eq!(both(c).await?, *b, "{c} changed while idle");
     }
+
+    // Leader election: whichever replica holds the Lease did all the work, the other none; when the
+    // leader dies the other takes over.
+    let lease = Api::<Lease>::namespaced(client.clone(), NS)
+        .get("gpu-operator")
+        .await?;
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    let (mut leader, standby, standby_metrics) = match holder.as_str() {
+        "operator-e2e" => (operator, standby, STANDBY_METRICS),
+        "operator-e2e-standby" => (standby, operator, METRICS),
+        other => anyhow::bail!("unexpected lease holder {other:?}"),
+    };
+    assert_eq!(
+        metric(standby_metrics, "gpu_operator_reconciles_total").await?,
+        0.0,
+        "the replica without the Lease reconciled"
+    );
+    let rss = leader.rss_kib().unwrap_or_default();
+    leader.kill();
+    daemonsets
+        .delete(o::VALIDATOR_DAEMONSET, &DeleteParams::default())
+        .await?;
+    let takeover = Instant::now();
+    eventually(
+        Duration::from_secs(60),
+        "the standby to take over and restore the operand",
+        || async {
+            let restored = daemonsets
+                .get_opt(o::VALIDATOR_DAEMONSET)
+                .await?
+                .is_some_and(|d| d.metadata.deletion_timestamp.is_none());
+            Ok(restored.then_some(()))
+        },
+    )
+    .await
+    .with_context(|| standby.log_tail())?;
+    eprintln!(
+        "operator: standby took over and restored an operand {:.1}s after the leader died",
+        takeover.elapsed().as_secs_f64()
+    );
+    let operator = standby;
 
     // Deletion: consumers first, then the finalizer goes and nothing is left.
     gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
@@ -300,9 +361,6 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     )
     .await
     .with_context(|| operator.log_tail())?;
-    eprintln!(
-        "operator: idle RSS {} KiB",
-        operator.rss_kib().unwrap_or_default()
-    );
+    eprintln!("operator: RSS of the first leader while idle: {rss} KiB");
     Ok(())
 }

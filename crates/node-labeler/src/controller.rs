@@ -248,19 +248,20 @@ pub async fn run(
     gc_reader.wait_until_ready().await.ok();
 
     let (node_reader, node_writer) = reflector::store();
-    let nodes = reflector(
-        node_writer,
-        watcher(
-            Api::<PartialObjectMeta<Node>>::all(client.clone()),
-            watcher::Config::default(),
-        ),
+    // Only labels and annotations matter here; managedFields are most of a Node's metadata, so they
+    // are dropped before the cache keeps thousands of them.
+    let node_events = watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
     )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(
-        predicates::labels.combine(predicates::annotations),
-        PredicateConfig::default(),
-    );
+    .modify(|node| node.managed_fields_mut().clear());
+    let nodes = reflector(node_writer, node_events)
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(
+            predicates::labels.combine(predicates::annotations),
+            PredicateConfig::default(),
+        );
 
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
@@ -269,7 +270,10 @@ pub async fn run(
         gpu_clusters: gc_reader,
         metrics,
     });
+    // Bounded concurrency: thousands of new nodes must not become thousands of parallel requests
+    // (and connections) at once.
     Controller::for_stream(nodes, node_reader)
+        .with_config(kube::runtime::controller::Config::default().concurrency(16))
         .reconcile_all_on(trigger_rx)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -264,6 +264,7 @@ async fn apply(
         .map_err(api_err(format!("applying {}", object.id())))?;
     ctx.metrics.applies.inc();
     let verb = if live.is_some() { "Updated" } else { "Created" };
+    tracing::info!(object = %object.id(), "{verb}");
     ctx.event(
         gc,
         EventType::Normal,
@@ -336,20 +337,35 @@ async fn ensure_admin_access_label(ctx: &Context) -> Result<(), Error> {
 
 async fn node_counts(ctx: &Context, plugin_ready: i32) -> Result<NodeCounts, Error> {
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
-    let list = nodes
-        .list_metadata(&ListParams::default().labels(&format!("{}=true", l::GPU_PRESENT)))
-        .await
-        .map_err(api_err("listing GPU nodes"))?;
-    let dra = list
-        .items
-        .iter()
-        .filter(|n| {
-            n.labels().get(l::ALLOCATION_MODE).map(String::as_str)
-                == Some(AllocationMode::Dra.as_str())
-        })
-        .count();
+    let selector = format!("{}=true", l::GPU_PRESENT);
+    let (mut gpu, mut dra) = (0usize, 0usize);
+    let mut token: Option<String> = None;
+    // Pages keep the operator's memory flat on large clusters; only two counts are kept.
+    loop {
+        let mut params = ListParams::default().labels(&selector).limit(500);
+        if let Some(t) = token.take() {
+            params = params.continue_token(&t);
+        }
+        let page = nodes
+            .list_metadata(&params)
+            .await
+            .map_err(api_err("listing GPU nodes"))?;
+        gpu += page.items.len();
+        dra += page
+            .items
+            .iter()
+            .filter(|n| {
+                n.labels().get(l::ALLOCATION_MODE).map(String::as_str)
+                    == Some(AllocationMode::Dra.as_str())
+            })
+            .count();
+        match page.metadata.continue_.filter(|t| !t.is_empty()) {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+    }
     Ok(NodeCounts {
-        gpu: list.items.len().try_into().unwrap_or(i32::MAX),
+        gpu: gpu.try_into().unwrap_or(i32::MAX),
         dra: dra.try_into().unwrap_or(i32::MAX),
         ready_dra: plugin_ready,
     })
@@ -363,6 +379,8 @@ async fn write_status(
     if gc.status.as_ref() == Some(&status) {
         return Ok(());
     }
+    tracing::info!(state = ?status.state, "writing GPUCluster status");
+    tracing::debug!(old = ?gc.status, new = ?status, "GPUCluster status change");
     let api: Api<GPUCluster> = Api::all(ctx.client.clone());
     api.patch_status(
         &gc.name_any(),
