@@ -351,6 +351,22 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     assert_eq!(node, "gpu-node-2");
     pods.delete("l4-workload", &DeleteParams::default()).await?;
 
+    // ... and on memory capacity: at least 70 GiB rules out the L4 (24 GB).
+    let (template, pod) = workload(
+        "big-memory-workload",
+        Some("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0"),
+    );
+    apply(&client, Some(WORKLOADS), template).await?;
+    pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await?;
+    let (node, _, _) = running(&pods, &claims, "big-memory-workload").await?;
+    assert!(
+        ["gpu-node-0", "gpu-node-1"].contains(&node.as_str()),
+        "landed on {node}"
+    );
+    pods.delete("big-memory-workload", &DeleteParams::default())
+        .await?;
+
     // 4. A MIG device through mig.nvidia.com, on the MIG node.
     let mig_template = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
