@@ -437,6 +437,20 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     )
     .await?;
 
+    // Leave the nodes as we found them for the suite's other tests.
+    nodes_api
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+            "nvidia.com/gpu-operator.resource-allocation.mode": "dra"}}})),
+        )
+        .await?;
+    nodes_api
+        .patch(MIG_NODE, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {
+            "nvidia.com/gpu.deploy.dra-validator": null, "nvidia.com/gpu.deploy.dcgm-exporter-dra": null}}})))
+        .await?;
+
     // 8. Deleting the GPUCluster drains consumers first and leaves no operand or pod behind.
     gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
     eventually(
