@@ -100,7 +100,7 @@ for entry in "${GPUS[@]}"; do
   # What the plugin pod's init container does: find the driver and write driver-ready.
   HOST_ROOT="$root" DRIVER_INSTALL_DIR_CTR_PATH="$DEMO/$node/none" OUTPUT_DIR="$DEMO/$node/validations" \
     "$BIN/dra-driver-validator" driver 2>&1 | sed 's/^/  /'
-  kubelet="$CLUSTER_DIR/nodes/$node/kubelet"
+  kubelet="$(readlink "$CLUSTER_DIR/nodes")/$node/kubelet"
   start "plugin-$node" env NODE_NAME="$node" DRIVER_READY_FILE="$DEMO/$node/validations/driver-ready" \
     CDI_ROOT="$DEMO/$node/cdi" KUBELET_REGISTRAR_DIRECTORY_PATH="$kubelet/plugins_registry" \
     KUBELET_PLUGINS_DIRECTORY_PATH="$kubelet/plugins" BOOT_ID_FILE="$DEMO/$node/boot_id" "$BIN/gpu-kubelet-plugin"

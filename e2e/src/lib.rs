@@ -65,8 +65,15 @@ impl Env {
     }
 
     /// The kubelet root directory of a fake node (`plugins_registry/`, `plugins/`).
+    ///
+    /// `nodes` links to a short folder so that socket paths below it fit a Unix socket address; the
+    /// link's target is returned, not the long path through it.
     pub fn kubelet_dir(&self, node: &str) -> PathBuf {
-        self.cluster_dir.join("nodes").join(node).join("kubelet")
+        let nodes = self.cluster_dir.join("nodes");
+        std::fs::read_link(&nodes)
+            .unwrap_or(nodes)
+            .join(node)
+            .join("kubelet")
     }
 
     /// Starts one of our binaries with `KUBECONFIG` set; its output goes to `<log_dir>/<log>.log`.

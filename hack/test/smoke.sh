@@ -34,7 +34,7 @@ KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 NODE=gpu-node-0
 DRIVER=gpu.fake.example.com
 NS=smoke
-NODE_ROOT="$CLUSTER_DIR/nodes/$NODE/kubelet"
+NODE_ROOT="" # set once the cluster is up: below the short folder $CLUSTER_DIR/nodes links to
 EVENTS="$CLUSTER_DIR/fake-dra-plugin.events"
 PLUGIN_PID=""
 
@@ -100,6 +100,7 @@ trap 'exit 130' INT TERM
 t0=$SECONDS
 "$HACK_DIR/cluster" up
 pass "cluster up: $((NODES + CPU_NODES)) fake nodes Ready in $((SECONDS - t0))s"
+NODE_ROOT="$(readlink "$CLUSTER_DIR/nodes")/$NODE/kubelet"
 
 api="$(k get --raw /apis/resource.k8s.io/v1)"
 missing=""
@@ -234,7 +235,7 @@ pod_running() { [[ "$(k -n "$NS" get pod gpu-pod -o jsonpath='{.status.phase}')"
 if wait_until 90 pod_running; then
   pass "pod Running after the plugin registered"
 else
-  fail "pod not Running 90s after the plugin registered (events: $(tr '\n' ' ' <"$EVENTS"))"
+  fail "pod not Running 90s after the plugin registered (events: $(tr '\n' ' ' <"$EVENTS"); plugin log: $(tail -n 5 "$CLUSTER_DIR/logs/fake-dra-plugin.log" | tr '\n' ' '))"
   exit 1
 fi
 grep -q " registration registered=true" "$EVENTS" && pass "kubelet plugin manager registered the plugin (GetInfo + NotifyRegistrationStatus)" ||

@@ -43,7 +43,7 @@ driver_root() { # node profile gpus
   echo "boot-$1" >"$WORK/$1/boot_id"
 }
 start_plugin() { # node
-  local k="$CLUSTER_DIR/nodes/$1/kubelet"
+  local k="$(readlink "$CLUSTER_DIR/nodes")/$1/kubelet"
   NODE_NAME="$1" DRIVER_ROOT_CTR_PATH="$WORK/$1/driver-root" CDI_ROOT="$WORK/$1/cdi" \
     KUBELET_REGISTRAR_DIRECTORY_PATH="$k/plugins_registry" KUBELET_PLUGINS_DIRECTORY_PATH="$k/plugins" \
     DRIVER_READY_FILE="$WORK/$1/driver-ready" BOOT_ID_FILE="$WORK/$1/boot_id" RUST_LOG=info LOG_FORMAT=json \
