@@ -93,9 +93,6 @@ pub struct Gpu {
 }
 
 /// One MIG device present on a GPU.
-///
-/// GPU- and compute-instance ids and the placement are not here: `nvml-wrapper` 0.13 has no safe
-/// call for them (and its placement query returns an empty list), and this crate forbids unsafe code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigDevice {
     /// UUID of the parent GPU.
@@ -110,6 +107,14 @@ pub struct MigDevice {
     pub profile: String,
     /// The GPU-instance profile id NVML reports for that profile (`nvidia-smi mig -lgip` ID).
     pub gpu_instance_profile_id: u32,
+    /// GPU-instance id (`nvidia-smi mig -lgi` ID); names the `nvidia-caps` node `gi<id>`.
+    pub gpu_instance_id: u32,
+    /// Compute-instance id within the GPU instance; names the `nvidia-caps` node `ci<id>`.
+    pub compute_instance_id: u32,
+    /// First memory slice of the GPU instance; device names carry it.
+    pub placement_start: u32,
+    /// Memory slices the GPU instance spans.
+    pub placement_size: u32,
     /// Compute slices.
     pub slices: u32,
     /// Memory bytes.

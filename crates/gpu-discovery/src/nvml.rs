@@ -8,7 +8,7 @@ use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError as RawError;
-use nvml_wrapper::struct_wrappers::device::{DeviceAttributes, ProfileInfo};
+use nvml_wrapper::struct_wrappers::device::ProfileInfo;
 use nvml_wrapper::{Device, EventSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -294,10 +294,11 @@ impl NvmlSession {
         let uuid = mig.uuid().map_err(|e| call("uuid", e))?;
         let name = mig.name().map_err(|e| call("name", e))?;
         let attrs = mig.attributes().map_err(|e| call("attributes", e))?;
+        let instance = nvml_ext::mig_instance(mig).map_err(|e| call("mig_instance", e))?;
         let (index, info) = parent
             .profiles
             .iter()
-            .find(|(_, p)| same_profile(p, &attrs))
+            .find(|(_, p)| p.id == instance.gpu_instance_profile_id)
             .ok_or_else(|| call("profile_info", RawError::NotFound))?;
         let profile = match model::mig_profile_from_name(&name) {
             Some(p) => p.to_owned(),
@@ -314,6 +315,10 @@ impl NvmlSession {
             index: slot,
             profile,
             gpu_instance_profile_id: info.id,
+            gpu_instance_id: instance.gpu_instance_id,
+            compute_instance_id: instance.compute_instance_id,
+            placement_start: instance.placement_start,
+            placement_size: instance.placement_size,
             slices: attrs.gpu_instance_slice_count,
             memory_bytes: mig.memory_info().map_err(|e| call("memory_info", e))?.total,
             multiprocessors: attrs.multiprocessor_count,
@@ -380,24 +385,6 @@ struct Parent<'a> {
     memory_mib: u64,
     /// `(NVML profile index, info)` of every GPU-instance profile the GPU offers.
     profiles: &'a [(u32, ProfileInfo)],
-}
-
-fn same_profile(p: &ProfileInfo, a: &DeviceAttributes) -> bool {
-    (
-        p.slice_count,
-        p.memory_size_mb,
-        p.multiprocessor_count,
-        p.decoder_count,
-        p.jpeg_count,
-        p.ofa_count,
-    ) == (
-        a.gpu_instance_slice_count,
-        a.memory_size_mb,
-        a.multiprocessor_count,
-        a.shared_decoder_count,
-        a.shared_jpeg_count,
-        a.shared_ofa_count,
-    )
 }
 
 fn init_error(library: &Path, e: RawError) -> NvmlError {

@@ -137,6 +137,20 @@ fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
                 (gpu.uuid.as_str(), gpu.minor)
             );
             assert!(dev.uuid.starts_with("MIG-"));
+            assert_eq!(
+                (dev.gpu_instance_id, dev.placement_start, dev.placement_size),
+                (
+                    entry["gpu_instance_id"].as_u64().unwrap() as u32,
+                    entry["start"].as_u64().unwrap() as u32,
+                    gi["placement_size"].as_u64().unwrap() as u32
+                ),
+                "instance id and placement of {} on GPU {i}",
+                dev.profile
+            );
+            assert_eq!(
+                u64::from(dev.compute_instance_id),
+                entry["compute_instance_id"].as_u64().unwrap_or(0)
+            );
         }
     }
 }

@@ -180,7 +180,7 @@ pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView)
                 env.push(format!(
                     "NVIDIA_DRA_MIG_PROFILE_{}={}",
                     env_key(&d.name),
-                    m.mig.profile
+                    m.profile
                 ));
             }
             let gpu_node = PathBuf::from(format!("/dev/nvidia{}", d.gpu.minor));
@@ -340,7 +340,6 @@ impl CdiWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::MigInfo;
     use crate::testutil::{self, gpu};
 
     #[test]
@@ -356,10 +355,10 @@ mod tests {
         let mut mig = gpu(1);
         mig.name = "gpu-1-mig-1g5gb-19-6".into();
         mig.uuid = "MIG-1".into();
-        mig.kind = DeviceKind::Mig(MigInfo {
-            mig: testutil::mig("1g.5gb", 4864),
-            start: 6,
-            size: 1,
+        mig.kind = DeviceKind::Mig(gpu_discovery::MigDevice {
+            parent_uuid: "GPU-1".into(),
+            parent_minor: 1,
+            ..testutil::mig("1g.5gb", 4864)
         });
         mig
     }

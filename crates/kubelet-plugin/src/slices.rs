@@ -127,14 +127,14 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
         DeviceKind::Mig(m) => {
             attributes.insert("type".into(), string("mig"));
             attributes.insert("parentUUID".into(), string(&g.gpu_uuid));
-            attributes.insert("profile".into(), string(&m.mig.profile));
+            attributes.insert("profile".into(), string(&m.profile));
             let engines = [
-                ("multiprocessors", m.mig.multiprocessors),
-                ("copyEngines", m.mig.copy_engines),
-                ("decoders", m.mig.decoders),
-                ("encoders", m.mig.encoders),
-                ("jpegEngines", m.mig.jpeg_engines),
-                ("ofaEngines", m.mig.ofa_engines),
+                ("multiprocessors", m.multiprocessors),
+                ("copyEngines", m.copy_engines),
+                ("decoders", m.decoders),
+                ("encoders", m.encoders),
+                ("jpegEngines", m.jpeg_engines),
+                ("ofaEngines", m.ofa_engines),
             ];
             for (name, value) in engines {
                 capacity.insert(name.to_owned(), count(u64::from(value)));
@@ -142,11 +142,11 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
             capacity.insert(
                 "memory".to_owned(),
                 DeviceCapacity {
-                    value: bytes_quantity(m.mig.memory_bytes),
+                    value: bytes_quantity(m.memory_bytes),
                     request_policy: None,
                 },
             );
-            for slice in m.start..m.start + m.size {
+            for slice in m.placement_start..m.placement_start + m.placement_size {
                 capacity.insert(format!("memorySlice{slice}"), count(1));
             }
         }
