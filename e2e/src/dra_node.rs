@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{Context, ensure};
-use gpu_discovery::testing::{FakeNode, mock_config};
+use gpu_discovery::testing::{FakeNode, install_inventory_mig_caps, mock_config};
+use gpu_discovery::{InitMode, NvmlSession};
 
 use crate::{Env, Process};
 
@@ -26,7 +27,12 @@ impl DraNode {
     /// Installs a mock driver serving `gpus` GPUs of `profile`, validates it and starts the plugin.
     pub fn start(env: &Env, node: &str, profile: &str, gpus: u32) -> anyhow::Result<DraNode> {
         let fake = FakeNode::new();
-        fake.install_host_driver(&mock_config(profile, gpus));
+        let library = fake.install_host_driver(&mock_config(profile, gpus));
+        // What the driver shows in /proc for the MIG devices the mock serves.
+        let inventory = NvmlSession::open(&library, InitMode::Full)
+            .and_then(|nvml| nvml.inventory())
+            .with_context(|| format!("reading the mock GPUs of {node}"))?;
+        install_inventory_mig_caps(&fake.host_root(), &inventory);
         let status_dir = fake.status_dir();
         let out = Command::new(env.bin_dir.join("dra-driver-validator"))
             .arg("driver")
@@ -78,6 +84,7 @@ impl DraNode {
                 plugins.display().to_string(),
             ),
             ("BOOT_ID_FILE", boot_id.display().to_string()),
+            ("PROCFS_ROOT", fake.host_root().display().to_string()),
         ];
         let envs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
         env.spawn(

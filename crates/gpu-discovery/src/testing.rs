@@ -197,6 +197,29 @@ pub fn install_mig_caps(root: &Path, parent_minor: u32, gi: u32, ci: u32, minors
     }
 }
 
+/// The `nvidia-caps` minors of GPU instance `gi` and its compute instance `ci` on the GPU with minor
+/// `parent_minor`, laid out as the driver's `mig-minors` table numbers them: `config` 1, `monitor` 2,
+/// then per GPU 15 GPU instances of 9 minors each (the instance's `access`, then 8 compute instances).
+pub fn mig_cap_minors(parent_minor: u32, gi: u32, ci: u32) -> (u32, u32) {
+    let gi_minor = 3 + parent_minor * 135 + gi * 9;
+    (gi_minor, gi_minor + 1 + ci)
+}
+
+/// Installs, below `root`, the capability files of every MIG device of `inventory` (see
+/// [`install_mig_caps`]), numbered by [`mig_cap_minors`]: what the driver shows a node's `/proc`.
+pub fn install_inventory_mig_caps(root: &Path, inventory: &crate::Inventory) {
+    for mig in inventory.gpus.iter().flat_map(|g| &g.mig_devices) {
+        let (gi, ci) = (mig.gpu_instance_id, mig.compute_instance_id);
+        install_mig_caps(
+            root,
+            mig.parent_minor,
+            gi,
+            ci,
+            mig_cap_minors(mig.parent_minor, gi, ci),
+        );
+    }
+}
+
 /// Binds a Unix socket at `root`'s `run/nvidia-persistenced/socket` and leaves the file there.
 ///
 /// # Panics

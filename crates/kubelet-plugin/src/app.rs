@@ -172,7 +172,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.node_name,
         KubeClaims(client.clone()),
         (*table).clone(),
-        CdiWriter::new(&config.cdi_root, &roots),
+        CdiWriter::new(&config.cdi_root, &roots).with_procfs_root(&config.procfs_root),
         store,
     )
     .context("loading the checkpoint")?;

@@ -4,15 +4,18 @@
 //! The spec-level edits carry what every GPU container needs once: the control device nodes, the
 //! driver's libraries, binaries, firmware and IPC sockets as read-only bind mounts (found by
 //! [`gpu_discovery::driver_files`] under the driver root and rewritten to host paths), and
-//! `NVIDIA_VISIBLE_DEVICES`. Each device adds its `/dev/nvidia<minor>` node. The spec is built by
-//! a pure function from a [`DriverView`]; [`CdiWriter`] does the I/O and refuses a claim whose
-//! required driver files are missing.
+//! `NVIDIA_VISIBLE_DEVICES`. Each device adds its `/dev/nvidia<minor>` node; a MIG device also adds
+//! the `nvidia-caps` character devices of its GPU and compute instance, with the major and minor the
+//! kernel gives them in `/proc` (so the runtime creates them even where the host has no such node).
+//! The spec is built by a pure function from a [`DriverView`]; [`CdiWriter`] does the I/O and refuses
+//! a claim whose required driver files or MIG capabilities are missing.
 
 use crate::atomic::write_replace;
 use crate::devices::{DeviceKind, NodeDevice};
 use api::contract::cdi::{CLASS, VENDOR};
-use gpu_discovery::driver_files::{self, DriverFiles, Missing, RootTree};
+use gpu_discovery::driver_files::{self, CapNode, DriverFiles, Missing, RootTree};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -70,14 +73,28 @@ pub struct Mount {
     pub options: Vec<String>,
 }
 
-/// A device node: `path` in the container, `hostPath` on the host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A device node: `path` in the container, and either `hostPath` on the host or the character
+/// device's numbers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceNode {
     /// Path in the container.
     pub path: String,
-    /// Path on the host.
+    /// Path on the host; empty when the numbers below say what to create.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub host_path: String,
+    /// `c` for a character device given by its numbers.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Major number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub major: Option<u32>,
+    /// Minor number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
+    /// File mode of the node in the container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_mode: Option<u32>,
 }
 
 /// The CDI device name of `device` in `claim_uid`'s spec.
@@ -107,6 +124,8 @@ pub struct DriverView {
     pub driver_root: PathBuf,
     /// The dev root on the host.
     pub dev_root: PathBuf,
+    /// The `nvidia-caps` nodes of each MIG device, by device name.
+    pub mig_caps: BTreeMap<String, Vec<CapNode>>,
 }
 
 fn text(path: &Path) -> String {
@@ -117,6 +136,18 @@ fn node(path: &Path, dev_root: &Path) -> DeviceNode {
     DeviceNode {
         path: text(path),
         host_path: text(&driver_files::host_path(dev_root, path)),
+        ..DeviceNode::default()
+    }
+}
+
+fn cap_node(cap: &CapNode) -> DeviceNode {
+    DeviceNode {
+        path: text(&cap.path),
+        kind: Some("c".to_owned()),
+        major: Some(cap.major),
+        minor: Some(cap.minor),
+        file_mode: cap.mode,
+        ..DeviceNode::default()
     }
 }
 
@@ -165,7 +196,7 @@ pub fn min_version(spec: &Spec) -> &'static str {
 }
 
 /// The spec of a claim: per device its `/dev/nvidia<minor>` node (the parent GPU's for a MIG
-/// device); for the whole claim the control nodes, the driver's files as read-only bind mounts
+/// device, plus the device's `nvidia-caps` nodes); for the whole claim the control nodes, the driver's files as read-only bind mounts
 /// and `NVIDIA_VISIBLE_DEVICES` listing every device's UUID.
 pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView) -> Spec {
     let cdi_devices = devices
@@ -184,11 +215,14 @@ pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView)
                 ));
             }
             let gpu_node = PathBuf::from(format!("/dev/nvidia{}", d.gpu.minor));
+            let caps = driver.mig_caps.get(&d.name).into_iter().flatten();
             Device {
                 name: device_name(claim_uid, &d.name),
                 container_edits: ContainerEdits {
                     env,
-                    device_nodes: vec![node(&gpu_node, &driver.dev_root)],
+                    device_nodes: std::iter::once(node(&gpu_node, &driver.dev_root))
+                        .chain(caps.map(cap_node))
+                        .collect(),
                     mounts: Vec::new(),
                 },
             }
@@ -230,6 +264,33 @@ pub fn missing_for(
             .filter_map(|m| driver_files::gpu_node(dev, m).err()),
     );
     missing
+}
+
+/// The `nvidia-caps` nodes of each MIG device among `devices`, read from `proc`; or what is
+/// missing for those that have none.
+pub fn mig_caps_for(
+    proc: &dyn driver_files::Tree,
+    devices: &[&NodeDevice],
+) -> (BTreeMap<String, Vec<CapNode>>, Vec<Missing>) {
+    let mut caps = BTreeMap::new();
+    let mut missing = Vec::new();
+    for d in devices {
+        let DeviceKind::Mig(m) = &d.kind else {
+            continue;
+        };
+        match driver_files::mig_caps(
+            proc,
+            m.parent_minor,
+            m.gpu_instance_id,
+            m.compute_instance_id,
+        ) {
+            Ok(nodes) => {
+                caps.insert(d.name.clone(), nodes);
+            }
+            Err(e) => missing.push(e),
+        }
+    }
+    (caps, missing)
 }
 
 /// An environment-variable-safe form of a device name (`gpu-0-mig-1g5gb-19-6` →
@@ -280,15 +341,25 @@ pub struct DriverRoots {
 pub struct CdiWriter {
     root: PathBuf,
     roots: DriverRoots,
+    procfs_root: PathBuf,
 }
 
 impl CdiWriter {
-    /// Specs go to `root`; the driver's files are looked up in `roots`.
+    /// Specs go to `root`; the driver's files are looked up in `roots`, MIG capabilities in the
+    /// `proc/` of `/`.
     pub fn new(root: &Path, roots: &DriverRoots) -> Self {
         Self {
             root: root.to_path_buf(),
             roots: roots.clone(),
+            procfs_root: PathBuf::from("/"),
         }
+    }
+
+    /// Reads MIG capabilities (`proc/devices`, `proc/driver/nvidia/capabilities`) below
+    /// `procfs_root` instead of `/`.
+    pub fn with_procfs_root(mut self, procfs_root: &Path) -> Self {
+        self.procfs_root = procfs_root.to_path_buf();
+        self
     }
 
     /// The spec file of a claim.
@@ -300,7 +371,9 @@ impl CdiWriter {
     pub fn driver_view(&self, devices: &[&NodeDevice]) -> Result<DriverView, WriteError> {
         let files = driver_files::discover(&RootTree::new(&self.roots.driver_root_ctr));
         let dev = RootTree::new(&self.roots.dev_root_ctr);
-        let missing = missing_for(&files, &dev, devices);
+        let (mig_caps, missing_caps) = mig_caps_for(&RootTree::new(&self.procfs_root), devices);
+        let mut missing = missing_for(&files, &dev, devices);
+        missing.extend(missing_caps);
         if !missing.is_empty() {
             return Err(WriteError::Missing {
                 missing,
@@ -312,6 +385,7 @@ impl CdiWriter {
             control_nodes: driver_files::control_nodes(&dev),
             driver_root: self.roots.driver_root.clone(),
             dev_root: self.roots.dev_root.clone(),
+            mig_caps,
         })
     }
 
@@ -391,7 +465,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let roots = testutil::driver_roots(dir.path(), 2);
         gpu_discovery::testing::install_persistenced_socket(&roots.driver_root);
-        let writer = CdiWriter::new(&dir.path().join("cdi"), &roots);
+        gpu_discovery::testing::install_mig_caps(&roots.driver_root, 1, 13, 0, (120, 121));
+        let writer =
+            CdiWriter::new(&dir.path().join("cdi"), &roots).with_procfs_root(&roots.driver_root);
         let yaml = std::fs::read_to_string(writer.write("u1", devices).unwrap()).unwrap();
         let paths = host_paths(&yaml);
         assert!(paths.len() > 20, "{yaml}");
@@ -428,6 +504,7 @@ mod tests {
             control_nodes: Vec::new(),
             driver_root: "/".into(),
             dev_root: "/".into(),
+            mig_caps: BTreeMap::new(),
         };
         let mut spec = claim_spec("u1", &[&gpu(0)], &driver);
         assert_eq!(spec.cdi_version, "0.5.0");
@@ -459,6 +536,68 @@ mod tests {
         assert!(!text.contains("/dev/nvidia0"), "{text}");
         assert!(
             text.contains(&roots.driver_root.display().to_string()),
+            "{text}"
+        );
+        assert!(!writer.path("u1").exists());
+    }
+
+    #[test]
+    fn a_mig_device_gets_its_instances_caps_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = testutil::driver_roots(dir.path(), 2);
+        gpu_discovery::testing::install_mig_caps(&roots.driver_root, 1, 13, 0, (120, 121));
+        let writer =
+            CdiWriter::new(&dir.path().join("cdi"), &roots).with_procfs_root(&roots.driver_root);
+        let view = writer.driver_view(&[&mig_device(), &gpu(0)]).unwrap();
+        let spec = claim_spec("u1", &[&mig_device(), &gpu(0)], &view);
+        let nodes = &spec.devices[0].container_edits.device_nodes;
+        let caps: Vec<_> = nodes[1..]
+            .iter()
+            .map(|n| {
+                (
+                    n.path.as_str(),
+                    n.kind.as_deref(),
+                    n.major,
+                    n.minor,
+                    n.file_mode,
+                )
+            })
+            .collect();
+        assert_eq!(
+            caps,
+            [
+                (
+                    "/dev/nvidia-caps/nvidia-cap120",
+                    Some("c"),
+                    Some(234),
+                    Some(120),
+                    Some(292)
+                ),
+                (
+                    "/dev/nvidia-caps/nvidia-cap121",
+                    Some("c"),
+                    Some(234),
+                    Some(121),
+                    Some(292)
+                ),
+            ]
+        );
+        assert_eq!(nodes[0].path, "/dev/nvidia1");
+        assert_eq!(spec.devices[1].container_edits.device_nodes.len(), 1);
+    }
+
+    #[test]
+    fn a_mig_device_without_caps_in_proc_is_refused_naming_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = testutil::driver_roots(dir.path(), 2);
+        let writer =
+            CdiWriter::new(&dir.path().join("cdi"), &roots).with_procfs_root(&roots.driver_root);
+        let text = writer
+            .write("u1", &[&mig_device()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("/proc/driver/nvidia/capabilities/gpu1/mig/gi13/access (looked at"),
             "{text}"
         );
         assert!(!writer.path("u1").exists());

@@ -57,6 +57,10 @@ pub struct Config {
         default_value_os_t = default_driver_ready()
     )]
     pub driver_ready_file: PathBuf,
+    /// The folder whose `proc/` the plugin reads MIG capabilities from (`proc/devices`,
+    /// `proc/driver/nvidia/capabilities`): `/` in a pod, whose `/proc` tells the node kernel's.
+    #[arg(long, env = "PROCFS_ROOT", default_value = "/")]
+    pub procfs_root: PathBuf,
     /// Source of the node's boot id (checkpoints from other boots are discarded).
     #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
     pub boot_id_file: PathBuf,
