@@ -24,6 +24,7 @@ hack_key = $(shell cat $(1) 2>/dev/null | sha256sum | cut -c1-16)
 HACK_MOD := hack/go.mod hack/go.sum
 HACK_K8S_STAMP := $(HACK_STAMPS)/k8s-$(HACK_K8S_VERSION)-$(call hack_key,$(HACK_MOD) hack/cmd/k8s/main.go)
 HACK_MINIKUBELET_STAMP := $(HACK_STAMPS)/mini-kubelet-$(call hack_key,$(HACK_MOD) $(wildcard hack/cmd/mini-kubelet/*.go))
+HACK_CDIVALIDATE_STAMP := $(HACK_STAMPS)/cdi-validate-$(call hack_key,$(HACK_MOD) $(wildcard hack/cmd/cdi-validate/*.go))
 HACK_FIXTURE_STAMP := $(HACK_STAMPS)/fake-dra-plugin-$(call hack_key,$(HACK_MOD) $(wildcard hack/test/fake-dra-plugin/*.go))
 HACK_KWOK_STAMP := $(HACK_STAMPS)/kwok-$(HACK_KWOK_VERSION)
 HACK_HELM_STAMP := $(HACK_STAMPS)/helm-$(HACK_HELM_VERSION)
@@ -31,7 +32,7 @@ HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kub
 
 .PHONY: hack-tools cluster-up cluster-down cluster-status test-cluster
 
-hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
+hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
 
 $(HACK_K8S_STAMP):
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
@@ -44,6 +45,12 @@ $(HACK_MINIKUBELET_STAMP):
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
 	$(HACK_GO) build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/mini-kubelet ./cmd/mini-kubelet
 	@rm -f $(HACK_STAMPS)/mini-kubelet-* && touch $@
+
+# cdi-validate checks the plugin's CDI specs with the container runtimes' own library (e2e runs it).
+$(HACK_CDIVALIDATE_STAMP):
+	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
+	$(HACK_GO) build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/cdi-validate ./cmd/cdi-validate
+	@rm -f $(HACK_STAMPS)/cdi-validate-* && touch $@
 
 $(HACK_FIXTURE_STAMP):
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)

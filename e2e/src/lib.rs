@@ -24,6 +24,8 @@ pub struct Env {
     pub log_dir: PathBuf,
     /// The cluster's state folder (`nodes/<node>/kubelet/` holds each fake node's kubelet dirs).
     pub cluster_dir: PathBuf,
+    /// Folder of the `hack-tools` binaries (`cdi-validate`, ...): `$CACHE_DIR/bin`.
+    pub tools_dir: PathBuf,
 }
 
 impl Env {
@@ -49,12 +51,45 @@ impl Env {
             .map(PathBuf::from)
             .or_else(|| kubeconfig.parent().map(Path::to_path_buf))
             .unwrap_or_default();
+        let tools_dir = std::env::var_os("CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/gpu-operator-rs"))
+            })
+            .unwrap_or_default()
+            .join("bin");
         Some(Env {
             kubeconfig,
             cluster_dir,
             bin_dir,
             log_dir,
+            tools_dir,
         })
+    }
+
+    /// Loads every spec in `spec_dir` with the container runtimes' CDI library
+    /// (`hack/cmd/cdi-validate`) and checks that each of `ids` resolves there; the error holds the
+    /// tool's findings.
+    pub fn cdi_validate(&self, spec_dir: &Path, ids: &[String]) -> anyhow::Result<()> {
+        let tool = self.tools_dir.join("cdi-validate");
+        let mut cmd = Command::new(&tool);
+        for id in ids {
+            cmd.arg("-id").arg(id);
+        }
+        let out = cmd.arg(spec_dir).output().with_context(|| {
+            format!(
+                "running {} (build it with `make hack-tools`)",
+                tool.display()
+            )
+        })?;
+        anyhow::ensure!(
+            out.status.success(),
+            "cdi-validate rejected {}:\n{}{}",
+            spec_dir.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
     }
 
     /// A client for the cluster, as cluster admin.

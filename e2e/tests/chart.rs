@@ -697,6 +697,7 @@ fn chart_fails_without_dra_api() -> anyhow::Result<()> {
         bin_dir: PathBuf::new(),
         log_dir: std::env::temp_dir().join("chart-e2e"),
         cluster_dir: PathBuf::new(),
+        tools_dir: PathBuf::new(),
     };
     let base = [
         "template",

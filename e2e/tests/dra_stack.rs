@@ -285,6 +285,7 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
         spec_text.contains(&format!("{uid}-{}", devices[0].1)),
         "{spec_text}"
     );
+    env.cdi_validate(&dra_node.cdi_root, &cdi_ids)?;
 
     // 5. The exporter's admin-access claim holds every GPU of the node, the workload's included.
     let operand_claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
@@ -385,6 +386,20 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
         "{device}"
     );
     assert_eq!(cdi_ids.len(), 1);
+    // The MIG device's spec carries its GPU- and compute-instance capability nodes.
+    let mig_cdi_root = &nodes.iter().find(|n| n.name == node).unwrap().cdi_root;
+    let mig_spec = mig_cdi_root.join(format!(
+        "k8s.gpu.nvidia.com-claim_{}.yaml",
+        claim.uid().unwrap()
+    ));
+    let mig_spec_text = std::fs::read_to_string(&mig_spec)
+        .with_context(|| format!("reading {}", mig_spec.display()))?;
+    let caps = mig_spec_text.matches("/dev/nvidia-caps/nvidia-cap").count();
+    assert!(
+        caps >= 2 && mig_spec_text.contains("type: c"),
+        "want GI and CI cap nodes in the MIG spec:\n{mig_spec_text}"
+    );
+    env.cdi_validate(mig_cdi_root, &cdi_ids)?;
     pods.delete("mig-workload", &DeleteParams::default())
         .await?;
 
