@@ -2,8 +2,9 @@
 //! labeler running, one `gpu-kubelet-plugin` per fake GPU node (mock NVML, validated driver root),
 //! the mini-kubelet doing the kubelet's DRA calls. Checks what a user would: `gpu-cluster` ready,
 //! DeviceClasses and ResourceSlices, the guide's single-GPU pod allocated by the scheduler and
-//! prepared by our plugin with a CDI spec on disk, CEL selection by product, a plugin killed and
-//! restarted under a prepared claim, and deletion that leaves nothing behind.
+//! prepared by our plugin with a CDI spec on disk, CEL selection by product, a MIG claim, a plugin
+//! killed and restarted under a prepared claim and killed in the middle of a prepare, and deletion
+//! that leaves nothing behind. Every spec passes the runtimes' CDI library (`cdi-validate`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -387,7 +388,8 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     );
     assert_eq!(cdi_ids.len(), 1);
     // The MIG device's spec carries its GPU- and compute-instance capability nodes.
-    let mig_cdi_root = &nodes.iter().find(|n| n.name == node).unwrap().cdi_root;
+    let mig_idx = nodes.iter().position(|n| n.name == node).unwrap();
+    let mig_cdi_root = nodes[mig_idx].cdi_root.clone();
     let mig_spec = mig_cdi_root.join(format!(
         "k8s.gpu.nvidia.com-claim_{}.yaml",
         claim.uid().unwrap()
@@ -399,9 +401,76 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
         caps >= 2 && mig_spec_text.contains("type: c"),
         "want GI and CI cap nodes in the MIG spec:\n{mig_spec_text}"
     );
-    env.cdi_validate(mig_cdi_root, &cdi_ids)?;
+    env.cdi_validate(&mig_cdi_root, &cdi_ids)?;
+
+    // 8. The plugin SIGKILLed between PrepareStarted and PrepareCompleted of a second MIG claim:
+    // at restart that claim is rolled back with no CDI file left, the completed one is kept, and
+    // the kubelet's retry prepares the second claim.
+    let mig_uid = claim.uid().unwrap();
+    let saved_caps = nodes[mig_idx].stall_mig_caps()?;
+    let (_, mut crash_pod) = workload("mig-crash", None);
+    crash_pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = json!("mig-workload");
+    pods.create(&PostParams::default(), &serde_json::from_value(crash_pod)?)
+        .await?;
+    let crash_uid = eventually(
+        Duration::from_secs(60),
+        "the second MIG claim checkpointed as PrepareStarted",
+        || async {
+            let list = claims.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .filter(|c| c.name_any().starts_with("mig-crash-"))
+                .filter_map(ResourceExt::uid)
+                .find(|uid| nodes[mig_idx].checkpointed(uid).as_deref() == Some("PrepareStarted")))
+        },
+    )
+    .await
+    .with_context(|| nodes[mig_idx].plugin.log_tail())?;
+    nodes[mig_idx].plugin.kill();
+    let crash_spec = mig_cdi_root.join(format!("k8s.gpu.nvidia.com-claim_{crash_uid}.yaml"));
+    assert!(
+        !crash_spec.exists(),
+        "spec written while the prepare was held"
+    );
+    nodes[mig_idx].unstall_mig_caps(&saved_caps)?;
+    nodes[mig_idx].restart_plugin(&env)?;
+    let (_, crash_claim, crash_ids) = running(&pods, &claims, "mig-crash")
+        .await
+        .with_context(|| nodes[mig_idx].plugin.log_tail())?;
+    assert_eq!(crash_claim.uid().as_deref(), Some(crash_uid.as_str()));
+    let log = std::fs::read_to_string(&nodes[mig_idx].plugin.log_path)?;
+    assert!(
+        log.lines()
+            .any(|l| l.contains("rolled back") && l.contains(&crash_uid)),
+        "no rollback of {crash_uid} logged:\n{}",
+        nodes[mig_idx].plugin.log_tail()
+    );
+    for uid in [&mig_uid, &crash_uid] {
+        assert_eq!(
+            nodes[mig_idx].checkpointed(uid).as_deref(),
+            Some("PrepareCompleted"),
+            "claim {uid}"
+        );
+    }
+    let mut want_specs = vec![mig_spec.clone(), crash_spec.clone()];
+    want_specs.sort();
+    assert_eq!(
+        nodes[mig_idx].cdi_specs(),
+        want_specs,
+        "CDI dir of {MIG_NODE}"
+    );
+    env.cdi_validate(&mig_cdi_root, &[cdi_ids.clone(), crash_ids].concat())?;
+    pods.delete("mig-crash", &DeleteParams::default()).await?;
     pods.delete("mig-workload", &DeleteParams::default())
         .await?;
+    eventually(
+        Duration::from_secs(90),
+        "both MIG claims unprepared",
+        || async { Ok(nodes[mig_idx].cdi_specs().is_empty().then_some(())) },
+    )
+    .await
+    .with_context(|| nodes[mig_idx].plugin.log_tail())?;
 
     // 7. Switching a node with a running GPU pod to device-plugin defers the plugin's label.
     let (template, pod) = workload(
