@@ -30,7 +30,7 @@ HACK_KWOK_STAMP := $(HACK_STAMPS)/kwok-$(HACK_KWOK_VERSION)
 HACK_HELM_STAMP := $(HACK_STAMPS)/helm-$(HACK_HELM_VERSION)
 HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl
 
-.PHONY: hack-tools cluster-up cluster-down cluster-status test-cluster
+.PHONY: hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster
 
 hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
 
@@ -84,3 +84,10 @@ test-cluster: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_FIXTURE_STAMP) 
 	CACHE_DIR=$(CACHE_DIR) hack/test/smoke.sh
 
 TEST_TARGETS += test-cluster
+
+# The kubelet plugin alone against the kubelet's DRA code: slices, prepare, kubelet and plugin
+# restarts, SIGTERM, a corrupted checkpoint (about 30 s).
+test-kubelet-plugin-cluster: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_KWOK_STAMP) ## Kubelet plugin on its own local cluster (crates/kubelet-plugin/tests/cluster/check.sh)
+	CACHE_DIR=$(CACHE_DIR) crates/kubelet-plugin/tests/cluster/check.sh
+
+TEST_TARGETS += test-kubelet-plugin-cluster

@@ -85,17 +85,8 @@ echo "  node-labeler and gpu-operator (metrics on 127.0.0.1:18181 and :18182)"
 for entry in "${GPUS[@]}"; do
   read -r node profile count <<<"$entry"
   root="$DEMO/$node/host"
-  libdir="$root/usr/lib/x86_64-linux-gnu"
-  mkdir -p "$libdir" "$DEMO/$node/validations" "$DEMO/$node/cdi"
-  cp "$BIN/libmock_nvml.so" "$libdir/libnvidia-ml.so.580.95.05"
-  ln -sfn libnvidia-ml.so.580.95.05 "$libdir/libnvidia-ml.so.1"
-  printf '{"profile": "%s", "gpu_count": %s}\n' "$profile" "$count" >"$libdir/mock-nvml.json"
-  # Stand-ins for what prepare requires besides NVML: libcuda and a /dev/nvidia<minor> per GPU
-  # (empty regular files; the plugin only checks they exist and points the CDI spec at them).
-  echo "stand-in for libcuda" >"$libdir/libcuda.so.580.95.05"
-  ln -sfn libcuda.so.580.95.05 "$libdir/libcuda.so.1"
-  mkdir -p "$root/dev"
-  for ((minor = 0; minor < count; minor++)); do : >"$root/dev/nvidia$minor"; done
+  mkdir -p "$DEMO/$node/validations" "$DEMO/$node/cdi"
+  "$REPO_DIR/hack/fake-driver-root" "$root" "$profile" "$count" "$BIN/libmock_nvml.so"
   echo "$node-boot" >"$DEMO/$node/boot_id"
   # What the plugin pod's init container does: find the driver and write driver-ready.
   HOST_ROOT="$root" DRIVER_INSTALL_DIR_CTR_PATH="$DEMO/$node/none" OUTPUT_DIR="$DEMO/$node/validations" \

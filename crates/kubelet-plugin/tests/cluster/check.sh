@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end check of gpu-kubelet-plugin on the local cluster of hack/ (real apiserver, scheduler,
 # KWOK nodes and the mini-kubelet running the kubelet's DRA manager code). Not part of
-# `cargo test`: it needs the hack tools built (`make hack-tools`) and about a minute.
+# `cargo test`; `make test` runs it as `make test-kubelet-plugin-cluster` (about 30 s).
 #
 #   crates/kubelet-plugin/tests/cluster/check.sh
 #
@@ -31,20 +31,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd "$REPO" && cargo build -q -p kubelet-plugin -p mock-nvml) || exit 1
+(cd "$REPO" && cargo build -q -p kubelet-plugin -p mock-nvml -p validator) || exit 1
 "$REPO/hack/cluster" up >/dev/null || exit 1
 
-driver_root() { # node profile gpus
-  local root="$WORK/$1/driver-root/usr/lib/x86_64-linux-gnu"
-  mkdir -p "$root" "$WORK/$1/driver-root/dev"
-  cp "$TARGET/debug/libmock_nvml.so" "$root/libnvidia-ml.so.580.95.05"
-  ln -sf libnvidia-ml.so.580.95.05 "$root/libnvidia-ml.so.1"
-  printf '{"profile":"%s","gpu_count":%d}\n' "$2" "$3" >"$root/mock-nvml.json"
-  echo "boot-$1" >"$WORK/$1/boot_id"
+driver_root() { # node profile gpus: a host root with the mock driver, validated as the init container does
+  "$REPO/hack/fake-driver-root" "$WORK/$1/host" "$2" "$3" "$TARGET/debug/libmock_nvml.so"
+  HOST_ROOT="$WORK/$1/host" DRIVER_INSTALL_DIR_CTR_PATH="$WORK/$1/none" OUTPUT_DIR="$WORK/$1" \
+    "$TARGET/debug/dra-driver-validator" driver >>"$WORK/$1/validator.log" 2>&1
+  mkdir -p "$WORK/$1/cdi" && echo "boot-$1" >"$WORK/$1/boot_id"
 }
 start_plugin() { # node
   local k="$(readlink "$CLUSTER_DIR/nodes")/$1/kubelet"
-  NODE_NAME="$1" DRIVER_ROOT_CTR_PATH="$WORK/$1/driver-root" CDI_ROOT="$WORK/$1/cdi" \
+  NODE_NAME="$1" CDI_ROOT="$WORK/$1/cdi" \
     KUBELET_REGISTRAR_DIRECTORY_PATH="$k/plugins_registry" KUBELET_PLUGINS_DIRECTORY_PATH="$k/plugins" \
     DRIVER_READY_FILE="$WORK/$1/driver-ready" BOOT_ID_FILE="$WORK/$1/boot_id" RUST_LOG=info LOG_FORMAT=json \
     "$TARGET/debug/gpu-kubelet-plugin" >>"$WORK/$1/plugin.log" 2>&1 &
