@@ -122,6 +122,20 @@ async fn running(
     ))
 }
 
+/// Loads `node`'s CDI dir with the container runtimes' library; every one of `cdi_ids` must resolve.
+fn runtime_accepts(
+    env: &Env,
+    nodes: &[DraNode],
+    node: &str,
+    cdi_ids: &[String],
+) -> anyhow::Result<()> {
+    let dra_node = nodes
+        .iter()
+        .find(|n| n.name == node)
+        .with_context(|| format!("no plugin runs on {node}"))?;
+    env.cdi_validate(&dra_node.cdi_root, cdi_ids)
+}
+
 fn allocated_devices(claim: &ResourceClaim) -> Vec<(String, String)> {
     claim
         .status
@@ -349,7 +363,8 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     apply(&client, Some(WORKLOADS), template).await?;
     pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
         .await?;
-    let (node, _, _) = running(&pods, &claims, "l4-workload").await?;
+    let (node, _, ids) = running(&pods, &claims, "l4-workload").await?;
+    runtime_accepts(&env, &nodes, &node, &ids)?;
     assert_eq!(node, "gpu-node-2");
     pods.delete("l4-workload", &DeleteParams::default()).await?;
 
@@ -361,7 +376,8 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     apply(&client, Some(WORKLOADS), template).await?;
     pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
         .await?;
-    let (node, _, _) = running(&pods, &claims, "big-memory-workload").await?;
+    let (node, _, ids) = running(&pods, &claims, "big-memory-workload").await?;
+    runtime_accepts(&env, &nodes, &node, &ids)?;
     assert!(
         ["gpu-node-0", "gpu-node-1"].contains(&node.as_str()),
         "landed on {node}"
@@ -480,7 +496,8 @@ async fn dra_stack_end_to_end() -> anyhow::Result<()> {
     apply(&client, Some(WORKLOADS), template).await?;
     pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
         .await?;
-    let (node, _, _) = running(&pods, &claims, "switch-workload").await?;
+    let (node, _, ids) = running(&pods, &claims, "switch-workload").await?;
+    runtime_accepts(&env, &nodes, &node, &ids)?;
     nodes_api
         .patch(
             &node,
