@@ -56,7 +56,9 @@ impl DraNode {
             cdi_root,
             checkpoint: env
                 .kubelet_dir(node)
-                .join("plugins/gpu.nvidia.com/checkpoint.json"),
+                .join("plugins")
+                .join(api::contract::DRIVER_NAME)
+                .join("checkpoint.json"),
             plugin,
             fake,
         })

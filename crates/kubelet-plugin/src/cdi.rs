@@ -196,8 +196,8 @@ pub fn min_version(spec: &Spec) -> &'static str {
 }
 
 /// The spec of a claim: per device its `/dev/nvidia<minor>` node (the parent GPU's for a MIG
-/// device, plus the device's `nvidia-caps` nodes); for the whole claim the control nodes, the driver's files as read-only bind mounts
-/// and `NVIDIA_VISIBLE_DEVICES` listing every device's UUID.
+/// device, plus the device's `nvidia-caps` nodes); for the whole claim the control nodes, the
+/// driver's files as read-only bind mounts and `NVIDIA_VISIBLE_DEVICES` listing every device's UUID.
 pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView) -> Spec {
     let cdi_devices = devices
         .iter()
@@ -268,7 +268,7 @@ pub fn missing_for(
 
 /// The `nvidia-caps` nodes of each MIG device among `devices`, read from `proc`; or what is
 /// missing for those that have none.
-pub fn mig_caps_for(
+fn mig_caps_for(
     proc: &dyn driver_files::Tree,
     devices: &[&NodeDevice],
 ) -> (BTreeMap<String, Vec<CapNode>>, Vec<Missing>) {
