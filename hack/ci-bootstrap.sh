@@ -15,3 +15,15 @@ done
 if ! command -v cc >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq build-essential >/dev/null
 fi
+# The local cluster's real nodes: runc, the CNI plugins, iptables and nftables (kube-proxy and CNI
+# inside the nodes' network namespaces), busybox-static for the test image.
+real_node_pkgs=()
+command -v runc >/dev/null 2>&1 || real_node_pkgs+=(runc)
+[[ -x /usr/lib/cni/bridge ]] || real_node_pkgs+=(containernetworking-plugins)
+command -v iptables >/dev/null 2>&1 || real_node_pkgs+=(iptables)
+command -v nft >/dev/null 2>&1 || real_node_pkgs+=(nftables)
+[[ -x /bin/busybox ]] || real_node_pkgs+=(busybox-static)
+if ((${#real_node_pkgs[@]})); then
+  echo "ci-bootstrap: installing ${real_node_pkgs[*]}" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${real_node_pkgs[@]}" >/dev/null
+fi

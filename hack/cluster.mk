@@ -5,6 +5,8 @@
 HACK_K8S_VERSION := v1.36.3
 HACK_KWOK_VERSION := v0.8.0
 HACK_HELM_VERSION := v4.3.2
+# The real nodes' container runtime (a module of its own: hack/containerd/go.mod).
+HACK_CONTAINERD_VERSION := v2.4.2
 
 HACK_BIN := $(CACHE_DIR)/bin
 HACK_STAMPS := $(CACHE_DIR)/stamps
@@ -28,11 +30,19 @@ HACK_CDIVALIDATE_STAMP := $(HACK_STAMPS)/cdi-validate-$(call hack_key,$(HACK_MOD
 HACK_FIXTURE_STAMP := $(HACK_STAMPS)/fake-dra-plugin-$(call hack_key,$(HACK_MOD) $(wildcard hack/test/fake-dra-plugin/*.go))
 HACK_KWOK_STAMP := $(HACK_STAMPS)/kwok-$(HACK_KWOK_VERSION)
 HACK_HELM_STAMP := $(HACK_STAMPS)/helm-$(HACK_HELM_VERSION)
-HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl
+HACK_CONTAINERD_MOD := hack/containerd/go.mod hack/containerd/go.sum
+HACK_CONTAINERD_STAMP := $(HACK_STAMPS)/containerd-$(HACK_CONTAINERD_VERSION)-$(call hack_key,$(HACK_CONTAINERD_MOD))
+HACK_IMAGES := $(CACHE_DIR)/images
+HACK_IMAGES_STAMP := $(HACK_STAMPS)/images-$(call hack_key,$(HACK_MOD) hack/cmd/pause/main.go hack/cmd/oci-image/main.go hack/cluster.mk)
+# A test image for the real nodes: Debian's static busybox.
+HACK_BUSYBOX_IMAGE := gpu-operator-rs.dev/test/busybox:1
+HACK_BUSYBOX_TOOLS := sh ls cat env echo sleep test grep true false wget nc ip mount stat find head tail wc
+HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
 
-.PHONY: hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster
+.PHONY: hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-real-nodes
 
-hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
+hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) $(HACK_CONTAINERD_STAMP) $(HACK_IMAGES_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
+	@for l in $(HACK_K8S_LINKS); do [ -L $(HACK_BIN)/$$l ] || ln -sfn k8s $(HACK_BIN)/$$l; done
 
 $(HACK_K8S_STAMP):
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
@@ -40,6 +50,27 @@ $(HACK_K8S_STAMP):
 	$(HACK_GO) build -trimpath -ldflags '$(HACK_K8S_LDFLAGS)' -o $(HACK_BIN)/k8s ./cmd/k8s
 	@for l in $(HACK_K8S_LINKS); do ln -sfn k8s $(HACK_BIN)/$$l; done
 	@rm -f $(HACK_STAMPS)/k8s-* && touch $@
+
+# containerd, ctr and the runc shim for the real nodes. Static (no cgo; btrfs, which needs cgo, left out).
+$(HACK_CONTAINERD_STAMP):
+	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
+	@echo "hack: building containerd $(HACK_CONTAINERD_VERSION) (cold: ~8 min on 2 cores)"
+	cd hack/containerd && env $(HACK_GOENV) CGO_ENABLED=0 go build -trimpath -tags no_btrfs \
+		-ldflags '-s -w -X github.com/containerd/containerd/v2/version.Version=$(HACK_CONTAINERD_VERSION)' -o $(HACK_BIN)/ \
+		github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+	@rm -f $(HACK_STAMPS)/containerd-* && touch $@
+
+# The real nodes' sandbox image (a static pause of ours) and the OCI image writer behind it and make images.
+$(HACK_IMAGES_STAMP):
+	@mkdir -p $(HACK_BIN) $(HACK_STAMPS) $(HACK_IMAGES)
+	$(HACK_GO) build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/oci-image ./cmd/oci-image
+	cd hack && env $(HACK_GOENV) CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/pause ./cmd/pause
+	$(HACK_BIN)/oci-image -o $(HACK_IMAGES)/pause.tar -name registry.k8s.io/pause:3.10.1 -entrypoint /pause -add $(HACK_BIN)/pause:/pause:0755
+	@[ -x /bin/busybox ] || { echo "hack: /bin/busybox is missing: run hack/ci-bootstrap.sh (apt-get install busybox-static)" >&2; exit 1; }
+	$(HACK_BIN)/oci-image -o $(HACK_IMAGES)/busybox.tar -name $(HACK_BUSYBOX_IMAGE) -entrypoint /bin/sh -add /bin/busybox:/bin/busybox:0755 \
+		$(foreach t,$(HACK_BUSYBOX_TOOLS),-link bin/$(t):busybox) -dir tmp:1777
+	@rm -f $(HACK_STAMPS)/images-* && touch $@
 
 $(HACK_MINIKUBELET_STAMP):
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
@@ -91,3 +122,10 @@ test-kubelet-plugin-cluster: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_
 	CACHE_DIR=$(CACHE_DIR) crates/kubelet-plugin/tests/cluster/check.sh
 
 TEST_TARGETS += test-kubelet-plugin-cluster
+
+# Real nodes (a real kubelet, containerd and kube-proxy each) beside a KWOK node: pods, logs, exec,
+# Service VIP, pod to pod, a DRA claim prepared through the real kubelet with CDI injection, clean down.
+test-real-nodes: hack-tools ## Real-node smoke test: own cluster with 2 real nodes (hack/test/real-nodes.sh)
+	CACHE_DIR=$(CACHE_DIR) hack/test/real-nodes.sh
+
+TEST_TARGETS += test-real-nodes

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,7 +21,9 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	kubeproxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 )
@@ -36,7 +39,10 @@ var components = map[string]func() int{
 	"kube-apiserver":          func() int { return cli.Run(apiserver.NewAPIServerCommand()) },
 	"kube-controller-manager": func() int { return cli.Run(controllermanager.NewControllerManagerCommand()) },
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
-	"kubectl":                 runKubectl,
+	// The real nodes' kubelet and kube-proxy share the control plane's compiled packages and link.
+	"kubelet":    func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
+	"kube-proxy": func() int { return cli.Run(kubeproxy.NewProxyCommand()) },
+	"kubectl":    runKubectl,
 }
 
 func runKubectl() int {

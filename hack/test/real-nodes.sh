@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# Real-node smoke test (make test-real-nodes). Brings up its own cluster with two real nodes (a real
+# kubelet, containerd v2 + runc, CNI and kube-proxy each, in namespaces of their own) beside one KWOK
+# node, on free ports, then checks what the product's pods will rely on: pods run from locally
+# imported images; `kubectl logs` and `exec` work; a pod reaches the API through the `kubernetes`
+# Service and a pod on the other node; a DRA claim allocated by the scheduler is prepared by a plugin
+# registered with the real kubelet, and containerd injects the claim's CDI device (a /dev/nvidia*
+# character device and an env var) into the container. On exit, pass or fail, it takes the cluster
+# down and checks that no process, network namespace, link, cgroup, mount or firewall rule is left.
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO_DIR="$(dirname "$HACK_DIR")"
+export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
+ports_free() {
+  local off
+  for off in 379 380 443 257 259; do
+    ! ss -Htln "sport = :$(($1 + off))" | grep -q . || return 1
+  done
+}
+PORT_BASE="${SMOKE_PORT_BASE:-}"
+if [[ -z "$PORT_BASE" ]]; then
+  for base in $(seq 41000 1000 60000); do
+    if ports_free "$base" && [[ ! -e "$REPO_DIR/.cluster/real-$base" ]]; then PORT_BASE=$base && break; fi
+  done
+  [[ -n "$PORT_BASE" ]] || { echo "real-nodes: FAIL  no free port range found" >&2; exit 1; }
+fi
+export PORT_BASE
+export CLUSTER_DIR="$REPO_DIR/.cluster/real-$PORT_BASE"
+export NODES=1 CPU_NODES=0 REAL_NODES=2 REAL_GPUS="h100-sxm5-80gb:4 l4:2"
+BIN_DIR="$CACHE_DIR/bin"
+KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
+IMAGE=gpu-operator-rs.dev/test/busybox:1
+DRIVER=gpu.fake.example.com
+NS=real-nodes
+EVENTS="$CLUSTER_DIR/fake-dra-plugin.events"
+CID="$(printf '%s' "$CLUSTER_DIR" | sha256sum | cut -c1-6)"
+
+results=()
+failed=0
+pass() { results+=("PASS  $*"); echo "real-nodes: PASS  $*"; }
+fail() {
+  results+=("FAIL  $*")
+  echo "real-nodes: FAIL  $*" >&2
+  failed=1
+}
+k() { "$BIN_DIR/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.5
+  done
+}
+phase() { k -n "$NS" get pod "$1" -o jsonpath='{.status.phase}'; }
+pod_done() { [[ "$(phase "$1")" == Succeeded || "$(phase "$1")" == Failed ]]; }
+pod_running() { [[ "$(phase "$1")" == Running ]]; }
+
+# What the host looks like before: compared after `down`.
+host_state() {
+  echo "netns: $(ip netns list | grep -c "gor-$CID" || true)"
+  echo "links: $(ip -br link | grep -c "^gor$CID" || true)"
+  echo "cgroups: $(find /sys/fs/cgroup -maxdepth 2 -name "gor-$CID-*" | wc -l)"
+  echo "mounts: $(grep -c "gor-nodes\|$CLUSTER_DIR" /proc/self/mountinfo || true)"
+  echo "iptables:"
+  iptables-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//'
+  echo "nft:"
+  nft list ruleset 2>/dev/null
+}
+BEFORE="$(host_state)"
+
+summary() {
+  echo
+  echo "================ real-node smoke test ================"
+  printf '%s\n' "${results[@]}"
+  if ((failed)); then echo "RESULT: FAIL (cluster logs kept in $REPO_DIR/.cluster/real-nodes-logs)"; else echo "RESULT: PASS"; fi
+  echo "======================================================"
+}
+
+cleanup() {
+  local rc=$?
+  # A pipeline's subshell may run the trap too; only the test's own shell cleans up.
+  [[ "$BASHPID" == "$$" ]] || return "$rc"
+  ((rc == 0 || failed)) || fail "aborted with exit code $rc (see the output above)"
+  if ((failed)) && [[ -d "$CLUSTER_DIR/logs" ]]; then
+    rm -rf "$REPO_DIR/.cluster/real-nodes-logs"
+    cp -r "$CLUSTER_DIR/logs" "$REPO_DIR/.cluster/real-nodes-logs"
+    [[ -f "$EVENTS" ]] && cp "$EVENTS" "$REPO_DIR/.cluster/real-nodes-logs/"
+  fi
+  local pids=()
+  [[ -d "$CLUSTER_DIR/pids" ]] && mapfile -t pids < <(cat "$CLUSTER_DIR"/pids/*.pid 2>/dev/null)
+  local t0=$SECONDS
+  if "$HACK_DIR/cluster" down; then
+    local p alive=()
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+    local after
+    after="$(host_state)"
+    if ((${#alive[@]})); then
+      fail "down left processes running: ${alive[*]}"
+    elif [[ "$after" != "$BEFORE" ]]; then
+      fail "down left host state behind: $(diff <(echo "$BEFORE") <(echo "$after") | tr '\n' ' ')"
+    else
+      pass "down in $((SECONDS - t0))s: no process, netns, link, cgroup, mount or firewall rule left behind"
+    fi
+  else
+    fail "hack/cluster down reported an error"
+  fi
+  rm -rf "$CLUSTER_DIR"
+  summary
+  ((failed == 0)) || exit 1
+  exit 0
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- cluster up -------------------------------------------------------------------------------------
+t0=$SECONDS
+"$HACK_DIR/cluster" up
+pass "cluster up: 2 real nodes and 1 KWOK node Ready in $((SECONDS - t0))s"
+eval "$("$HACK_DIR/real-node" net-env)"
+
+info="$(k get node real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion} {.metadata.labels.nvidia\.com/gpu\.product} {.status.addresses[0].address}{"\n"}{end}')"
+if grep -q '^v1.36.3 containerd://2.4.2 NVIDIA-H100-80GB-HBM3 198.18.' <<<"$info" && grep -q '^v1.36.3 containerd://2.4.2 NVIDIA-L4 198.18.' <<<"$info"; then
+  pass "real nodes run kubelet v1.36.3 and containerd v2.4.2 with GPU labels: $(tr '\n' ';' <<<"$info")"
+else
+  fail "unexpected real node info: $info"
+fi
+
+k create namespace "$NS" >/dev/null
+wait_until 60 k -n "$NS" get serviceaccount default || fail "no default ServiceAccount in $NS"
+
+# --- pods, logs, exec, Service VIP, pod to pod ------------------------------------------------------
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: server, namespace: $NS}
+spec:
+  nodeName: real-gpu-0
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: $IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "while true; do nc -l -p 8080; done"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: api-check, namespace: $NS}
+spec:
+  nodeName: real-gpu-1
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: $IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo x | nc -w 5 \$KUBERNETES_SERVICE_HOST \$KUBERNETES_SERVICE_PORT >/dev/null && echo api-reachable \$KUBERNETES_SERVICE_HOST"]
+EOF
+if wait_until 90 pod_done api-check && [[ "$(phase api-check)" == Succeeded ]] &&
+  k -n "$NS" logs api-check | grep -q "api-reachable $SERVICE_IP"; then
+  pass "a pod on real-gpu-1 reaches the API through the kubernetes Service ($SERVICE_IP, kube-proxy); kubectl logs works"
+else
+  fail "api-check: phase $(phase api-check), log: $(k -n "$NS" logs api-check 2>&1 | tail -3 | tr '\n' ' '); events: $(k -n "$NS" get events --field-selector involvedObject.name=api-check -o jsonpath='{.items[*].message}')"
+fi
+if wait_until 60 pod_running server; then
+  server_ip="$(k -n "$NS" get pod server -o jsonpath='{.status.podIP}')"
+  out="$(k -n "$NS" exec server -- sh -c 'echo exec-ok $(cat /etc/hostname)' 2>&1 || true)"
+  if [[ "$out" == "exec-ok server" ]]; then pass "kubectl exec into a pod on real-gpu-0"; else fail "kubectl exec: $out"; fi
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: $NS}
+spec:
+  nodeName: real-gpu-1
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: $IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo hello-from-real-gpu-1 | nc -w 3 $server_ip 8080"]
+EOF
+  if wait_until 60 pod_done client && wait_until 10 sh -c "'$BIN_DIR/kubectl' --kubeconfig '$KUBECONFIG_FILE' -n $NS logs server | grep -q hello-from-real-gpu-1"; then
+    pass "a pod on real-gpu-1 reached a pod on real-gpu-0 at $server_ip"
+  else
+    fail "pod to pod across nodes: client $(phase client), server log: $(k -n "$NS" logs server 2>&1 | tail -2 | tr '\n' ' ')"
+  fi
+else
+  fail "pod server not Running on real-gpu-0: $(k -n "$NS" describe pod server | tail -5 | tr '\n' ' ')"
+fi
+
+# --- DRA: scheduler allocates, plugin on the real kubelet prepares, containerd injects the CDI device --
+k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: fake-gpu}
+spec:
+  selectors:
+  - cel: {expression: device.driver == "$DRIVER"}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: gpu, namespace: $NS}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: fake-gpu, count: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-pod, namespace: $NS}
+spec:
+  restartPolicy: Never
+  resourceClaims:
+  - {name: gpu, resourceClaimName: gpu}
+  containers:
+  - name: main
+    image: $IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo FAKE_GPU=\$FAKE_GPU; stat -c '%n %F %t:%T' /dev/nvidia*"]
+    resources:
+      claims: [{name: gpu}]
+EOF
+# The stand-in plugin publishes nothing itself: a hand-written slice of two devices on real-gpu-0.
+k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: real-gpu-0-fake}
+spec:
+  driver: $DRIVER
+  nodeName: real-gpu-0
+  pool: {name: real-gpu-0, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+  - name: gpu-1
+EOF
+allocated() { [[ -n "$(k -n "$NS" get resourceclaim gpu -o jsonpath='{.status.allocation.devices.results[0].device}')" ]]; }
+if wait_until 60 allocated; then
+  uid="$(k -n "$NS" get resourceclaim gpu -o jsonpath='{.metadata.uid}')"
+  device="$(k -n "$NS" get resourceclaim gpu -o jsonpath='{.status.allocation.devices.results[0].device}')"
+  minor="${device#gpu-}"
+  # What a DRA driver writes for the claim: a CDI spec in the node's /var/run/cdi.
+  cat >"$CLUSTER_DIR/nodes/real-gpu-0/run/cdi/$DRIVER-fake.yaml" <<EOF
+cdiVersion: 0.5.0
+kind: $DRIVER/fake
+devices:
+- name: $uid-$device
+  containerEdits:
+    env: ["FAKE_GPU=$device"]
+    deviceNodes: [{path: /dev/nvidia$minor}]
+EOF
+  # The stand-in plugin runs inside the node, so its sockets are where the real kubelet looks.
+  : >"$EVENTS"
+  "$HACK_DIR/cluster" node-exec real-gpu-0 "$BIN_DIR/fake-dra-plugin" --kubeconfig "$KUBECONFIG_FILE" --driver "$DRIVER" \
+    --registry-dir /var/lib/kubelet/plugins_registry --plugins-dir /var/lib/kubelet/plugins \
+    --event-log "$EVENTS" >"$CLUSTER_DIR/logs/fake-dra-plugin.log" 2>&1 &
+  if wait_until 90 pod_done gpu-pod && [[ "$(phase gpu-pod)" == Succeeded ]]; then
+    log="$(k -n "$NS" logs gpu-pod)"
+    if grep -q "^FAKE_GPU=$device$" <<<"$log" && grep -q "^/dev/nvidia$minor character special file c3:$(printf '%x' "$minor")$" <<<"$log" &&
+      [[ "$(grep -c '^/dev/nvidia' <<<"$log")" == 1 ]]; then
+      pass "claim prepared through the real kubelet; containerd injected CDI device $device (/dev/nvidia$minor c 195:$minor, env) and nothing else"
+    else
+      fail "the container did not get exactly the claim's CDI edits: $(tr '\n' ' ' <<<"$log")"
+    fi
+  else
+    fail "gpu-pod: phase $(phase gpu-pod); plugin events: $(tr '\n' ' ' <"$EVENTS"); $(k -n "$NS" describe pod gpu-pod | tail -4 | tr '\n' ' ')"
+  fi
+  grep -q " prepare $NS/gpu uid=$uid" "$EVENTS" && pass "NodePrepareResources from the real kubelet for $NS/gpu" ||
+    fail "no NodePrepareResources for $NS/gpu in the plugin's event log"
+  k -n "$NS" delete pod gpu-pod --wait=false >/dev/null
+  if wait_until 90 grep -q " unprepare $NS/gpu uid=$uid" "$EVENTS"; then
+    pass "NodeUnprepareResources once the pod was deleted"
+  else
+    fail "no NodeUnprepareResources within 90s of deleting the pod"
+  fi
+else
+  fail "claim gpu not allocated within 60s"
+fi
