@@ -1,9 +1,10 @@
 //! What the library serves and which faults it injects: a control file, overridden by env vars.
 //!
 //! The control file is JSON, found at `$MOCK_NVML_CONFIG` or else as `mock-nvml.json` next to the
-//! loaded library (so each fake driver root can carry its own). Every field is optional:
-//! `{"profile": "h100-sxm5-80gb", "gpu_count": 2, "faults": {"init_error": "driver-not-loaded",
-//! "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}],
+//! loaded library (so each fake driver root can carry its own), or else appended to the library
+//! file itself (see [`EMBEDDED_MARKER`]). Every field is optional:
+//! `{"profile": "h100-sxm5-80gb", "gpu_count": 2, "visible_dev_dir": "/dev", "faults":
+//! {"init_error": "driver-not-loaded", "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}],
 //! "ecc_events": [{"gpu": 1, "kind": "double-bit"}]}}`.
 //! Env overrides: `MOCK_NVML_PROFILE`, `MOCK_NVML_GPU_COUNT`, `MOCK_NVML_INIT_ERROR`,
 //! `MOCK_NVML_LOST_GPUS` (`0,2`), `MOCK_NVML_XID` (`gpu:xid,...`), `MOCK_NVML_ECC`
@@ -20,6 +21,23 @@ use serde::Deserialize;
 pub const CONFIG_ENV: &str = "MOCK_NVML_CONFIG";
 /// File name of the control file looked for next to the library.
 pub const SIDECAR_NAME: &str = "mock-nvml.json";
+/// Marks a control file appended to the library file itself, for a library bind-mounted alone (a
+/// container given the driver's files through CDI has no sidecar): the file ends with
+/// `\n#mock-nvml-config:<one line of JSON>\n`. A sidecar file wins over it.
+pub const EMBEDDED_MARKER: &[u8] = b"\n#mock-nvml-config:";
+/// How much of the library's end is searched for the embedded control file.
+pub const EMBEDDED_MAX: u64 = 4096;
+
+/// The control file embedded at the end of a library file, given that file's last bytes.
+pub fn embedded(tail: &[u8]) -> Option<&str> {
+    let start = tail
+        .windows(EMBEDDED_MARKER.len())
+        .rposition(|w| w == EMBEDDED_MARKER)?
+        + EMBEDDED_MARKER.len();
+    let line = &tail[start..];
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    std::str::from_utf8(line).ok()
+}
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -31,6 +49,11 @@ pub struct Config {
     /// How many GPUs to serve; the profile's default when absent.
     #[serde(default)]
     pub gpu_count: Option<u32>,
+    /// Serve only the GPUs whose `<dir>/nvidia<minor>` exists, as the driver shows a container
+    /// only the GPUs whose device nodes it was given (e.g. `/dev` on a real node of the local
+    /// cluster); all GPUs when absent.
+    #[serde(default)]
+    pub visible_dev_dir: Option<String>,
     /// Faults to inject.
     #[serde(default)]
     pub faults: Faults,
@@ -176,6 +199,14 @@ fn parse_list<T>(text: &str, item: impl Fn(&str) -> Option<T>) -> Option<Vec<T>>
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_control_file_appended_to_the_library_is_found() {
+        let mut lib = b"\x7fELF...binary\n#mock-nvml-config:{\"old\": 1}\n".to_vec();
+        lib.extend_from_slice(b"more\n#mock-nvml-config:{\"gpu_count\": 2}\n");
+        assert_eq!(embedded(&lib), Some("{\"gpu_count\": 2}"));
+        assert_eq!(embedded(b"\x7fELF plain library"), None);
+    }
+
     use super::*;
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {

@@ -27,6 +27,7 @@ fn start(profile: &str, gpu_count: u32, faults: Faults) -> Session {
         profile: Some(profile.into()),
         gpu_count: Some(gpu_count),
         faults,
+        ..Config::default()
     };
     assert_eq!(state::init_with(cfg), nvmlReturn_enum_NVML_SUCCESS);
     Session(turn)

@@ -177,7 +177,10 @@ fn session_from(cfg: Config, control: Option<PathBuf>) -> Result<Session, Ret> {
         .unwrap_or_else(|| profile::DEFAULT_PROFILE.to_owned());
     let profile = profile::load(&reference).map_err(|e| complain(&e))?;
     let count = cfg.gpu_count.unwrap_or(profile.default_gpu_count);
-    let topology = Topology::build(profile, count).map_err(|e| complain(&e))?;
+    let mut topology = Topology::build(profile, count).map_err(|e| complain(&e))?;
+    if let Some(dir) = &cfg.visible_dev_dir {
+        topology.keep_visible(|minor| Path::new(dir).join(format!("nvidia{minor}")).exists());
+    }
     let mut session = Session {
         topology,
         lost: Vec::new(),
@@ -204,12 +207,33 @@ fn read_config(path: Option<&Path>) -> Result<Config, String> {
     let base = match path {
         Some(p) => match std::fs::read_to_string(p) {
             Ok(text) => Config::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => embedded_config()?,
             Err(e) => return Err(format!("{}: {e}", p.display())),
         },
         None => Config::default(),
     };
     base.apply_env(|k| std::env::var(k).ok())
+}
+
+/// The control file appended to the loaded library file, or the defaults when there is none.
+fn embedded_config() -> Result<Config, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Some(lib) = own_file() else {
+        return Ok(Config::default());
+    };
+    let mut tail = Vec::new();
+    let read = std::fs::File::open(&lib).and_then(|mut f| {
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(config::EMBEDDED_MAX)))?;
+        f.read_to_end(&mut tail)
+    });
+    if read.is_err() {
+        return Ok(Config::default());
+    }
+    match config::embedded(&tail) {
+        Some(text) => Config::parse(text).map_err(|e| format!("{} (embedded): {e}", lib.display())),
+        None => Ok(Config::default()),
+    }
 }
 
 /// `$MOCK_NVML_CONFIG`, else `mock-nvml.json` beside the loaded library file.

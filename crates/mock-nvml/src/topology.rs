@@ -61,6 +61,15 @@ impl Topology {
         Ok(Self { profile, gpus })
     }
 
+    /// Keeps the GPUs whose device node `visible(minor)` says this process can see, renumbering
+    /// the NVML indices from 0 as the driver does inside a container given only some of them.
+    pub fn keep_visible(&mut self, visible: impl Fn(u32) -> bool) {
+        self.gpus.retain(|g| visible(g.minor));
+        for (index, gpu) in (0..).zip(&mut self.gpus) {
+            gpu.index = index;
+        }
+    }
+
     /// The GPU with this NVML index.
     pub fn gpu(&self, index: u32) -> Option<&Gpu> {
         self.gpus.get(index as usize)
@@ -132,6 +141,17 @@ mod tests {
     use super::*;
     use crate::profile::load;
     use std::collections::HashSet;
+
+    #[test]
+    fn only_visible_gpus_are_kept_and_renumbered() {
+        let all = Topology::build(load("h100-sxm5-80gb").unwrap(), 4).unwrap();
+        let mut seen = all.clone();
+        seen.keep_visible(|minor| minor == 2);
+        assert_eq!(seen.gpus.len(), 1);
+        let gpu = &seen.gpus[0];
+        assert_eq!((gpu.index, gpu.minor, &gpu.uuid), (0, 2, &all.gpus[2].uuid));
+        assert!(seen.gpu(0).is_some() && seen.gpu(1).is_none());
+    }
 
     #[test]
     fn gpus_get_distinct_stable_identities() {
