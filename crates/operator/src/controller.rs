@@ -1,7 +1,7 @@
 //! The GPUCluster controller: applies the rendered operands, prunes what left the desired set,
 //! drains claim consumers before the plugin on deletion, and writes status only when it changed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -335,12 +335,27 @@ async fn ensure_admin_access_label(ctx: &Context) -> Result<(), Error> {
     Ok(())
 }
 
-async fn node_counts(ctx: &Context, plugin_ready: i32) -> Result<NodeCounts, Error> {
+/// A DaemonSet's pod `nodeSelector`.
+fn node_selector(ds: &DaemonSet) -> BTreeMap<String, String> {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.node_selector.clone())
+        .unwrap_or_default()
+}
+
+/// Counts GPU nodes, DRA-mode ones, and for each of `selectors` the GPU nodes it selects.
+async fn node_counts(
+    ctx: &Context,
+    plugin_ready: i32,
+    selectors: &[BTreeMap<String, String>],
+) -> Result<(NodeCounts, Vec<i32>), Error> {
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
     let selector = format!("{}=true", l::GPU_PRESENT);
     let (mut gpu, mut dra) = (0usize, 0usize);
+    let mut selected = vec![0i32; selectors.len()];
     let mut token: Option<String> = None;
-    // Pages keep the operator's memory flat on large clusters; only two counts are kept.
+    // Pages keep the operator's memory flat on large clusters; only counts are kept.
     loop {
         let mut params = ListParams::default().labels(&selector).limit(500);
         if let Some(t) = token.take() {
@@ -351,6 +366,11 @@ async fn node_counts(ctx: &Context, plugin_ready: i32) -> Result<NodeCounts, Err
             .await
             .map_err(api_err("listing GPU nodes"))?;
         gpu += page.items.len();
+        for node in &page.items {
+            for (count, sel) in selected.iter_mut().zip(selectors) {
+                *count += i32::from(status::selects(sel, node.labels()));
+            }
+        }
         dra += page
             .items
             .iter()
@@ -364,11 +384,12 @@ async fn node_counts(ctx: &Context, plugin_ready: i32) -> Result<NodeCounts, Err
             None => break,
         }
     }
-    Ok(NodeCounts {
+    let counts = NodeCounts {
         gpu: gpu.try_into().unwrap_or(i32::MAX),
         dra: dra.try_into().unwrap_or(i32::MAX),
         ready_dra: plugin_ready,
-    })
+    };
+    Ok((counts, selected))
 }
 
 async fn write_status(
@@ -528,6 +549,7 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     }
     let owner = owner_reference(&gc);
     let mut plugin_ready = 0;
+    let mut daemonsets = Vec::new();
     for object in &desired.objects {
         match apply(&ctx, &gc, object, &owner).await {
             Ok(live) => {
@@ -538,7 +560,7 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
                         if ds.name_any() == o::KUBELET_PLUGIN_DAEMONSET {
                             plugin_ready = ds.status.as_ref().map(|s| s.number_ready).unwrap_or(0);
                         }
-                        observed.operands.push(status::daemonset(&ds));
+                        daemonsets.push(ds);
                     }
                     Object::Deployment(_) => {
                         let d: Deployment = serde_json::from_value(value).unwrap_or_default();
@@ -561,7 +583,12 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
             observed.problems.push(Problem::Reconcile(e.to_string()));
         }
     }
-    observed.nodes = node_counts(&ctx, plugin_ready).await?;
+    let selectors: Vec<_> = daemonsets.iter().map(node_selector).collect();
+    let (nodes, labelled) = node_counts(&ctx, plugin_ready, &selectors).await?;
+    observed.nodes = nodes;
+    for (ds, labelled) in daemonsets.iter().zip(labelled) {
+        observed.operands.push(status::daemonset(ds, labelled));
+    }
     let new_status = status::status(&observed, gc.metadata.generation, gc.status.as_ref(), now);
     let ready = new_status.state == Some(api::gpucluster::State::Ready);
     write_status(&ctx, &gc, new_status).await?;

@@ -8,10 +8,14 @@ use kube::ResourceExt;
 
 /// Readiness of a DaemonSet: the controller saw the latest spec and either no node is selected
 /// (a DaemonSet with nothing to run is ready) or every desired pod is updated and available.
-pub fn daemonset(ds: &DaemonSet) -> OperandStatus {
+/// `labelled_nodes` is how many GPU nodes carry the DaemonSet's node selector: until the DaemonSet
+/// controller wants at least that many pods (it lags behind a node label change), the DaemonSet is
+/// not ready, so a cluster whose nodes were just labelled is not reported ready with no pod.
+pub fn daemonset(ds: &DaemonSet, labelled_nodes: i32) -> OperandStatus {
     let status = ds.status.clone().unwrap_or_default();
-    let observed = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
-    let desired = status.desired_number_scheduled;
+    let observed = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0)
+        && status.desired_number_scheduled >= labelled_nodes;
+    let desired = status.desired_number_scheduled.max(labelled_nodes);
     let available = status.number_available.unwrap_or(0);
     let updated = status.updated_number_scheduled.unwrap_or(0);
     let empty =
@@ -23,6 +27,14 @@ pub fn daemonset(ds: &DaemonSet) -> OperandStatus {
         desired,
         available,
     }
+}
+
+/// Whether a node with `labels` matches a DaemonSet's `nodeSelector` (every entry equal).
+pub fn selects(
+    selector: &std::collections::BTreeMap<String, String>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// Readiness of a Deployment: latest spec observed, every replica updated and available.
@@ -198,24 +210,38 @@ mod tests {
     fn daemonset_readiness_rules() {
         let zero = json!({"observedGeneration": 1, "desiredNumberScheduled": 0, "currentNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0});
         assert!(
-            daemonset(&ds(1, zero.clone())).ready,
+            daemonset(&ds(1, zero.clone()), 0).ready,
             "nothing to run is ready"
         );
         assert!(
-            !daemonset(&ds(2, zero)).ready,
+            !daemonset(&ds(2, zero.clone()), 0).ready,
             "a new generation not yet observed"
         );
         let full = json!({"observedGeneration": 2, "desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberMisscheduled": 0,
                           "numberReady": 3, "numberAvailable": 3, "updatedNumberScheduled": 3});
-        assert!(daemonset(&ds(2, full.clone())).ready);
+        assert!(daemonset(&ds(2, full.clone()), 3).ready);
         let mut pending = full.clone();
         pending["numberAvailable"] = json!(2);
-        let s = daemonset(&ds(2, pending));
+        let s = daemonset(&ds(2, pending), 3);
         assert!(!s.ready);
         assert_eq!((s.desired, s.available), (3, 2));
         let mut rolling = full;
         rolling["updatedNumberScheduled"] = json!(1);
-        assert!(!daemonset(&ds(2, rolling)).ready);
+        assert!(!daemonset(&ds(2, rolling), 3).ready);
+            // Nodes were labelled but the DaemonSet controller has not caught up yet: not ready.
+        let lagging = daemonset(&ds(1, zero), 2);
+        assert!(!lagging.ready, "two labelled nodes and no pod wanted yet");
+        assert_eq!((lagging.desired, lagging.available), (2, 0));
+    }
+
+    #[test]
+    fn node_selectors_match_every_entry() {
+        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let sel = map(&[("nvidia.com/gpu.deploy.dra-driver", "true")]);
+        assert!(selects(&sel, &map(&[("nvidia.com/gpu.deploy.dra-driver", "true"), ("x", "y")])));
+        assert!(!selects(&sel, &map(&[("nvidia.com/gpu.deploy.dra-driver", "false")])));
+        assert!(!selects(&sel, &map(&[])));
+        assert!(selects(&map(&[]), &map(&[])));
     }
 
     #[test]

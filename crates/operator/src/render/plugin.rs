@@ -58,7 +58,9 @@ pub fn kubelet_plugin(
             (e::DRIVER_INSTALL_DIR, &spec.host_paths.driver_install_dir),
             (e::DRIVER_INSTALL_DIR_CTR_PATH, paths::DRIVER_ROOT_CTR_PATH),
         ], &spec.validator.env),
-        "securityContext": {"privileged": true},
+        // The validator image runs as a non-root user; writing driver-ready into the node's
+        // validations folder (root's, 0755) needs root.
+        "securityContext": {"privileged": true, "runAsUser": 0},
         "resources": json!(max_resources(&plugin_specs)),
         "volumeMounts": [
             {"name": "host-root", "mountPath": paths::HOST_ROOT_CTR_PATH, "readOnly": true, "mountPropagation": "HostToContainer"},

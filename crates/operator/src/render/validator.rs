@@ -1,6 +1,7 @@
 //! The allocation-path validator: a DaemonSet whose pods each claim a GPU through DRA.
 
 use api::GPUClusterSpec;
+use api::contract::paths::VALIDATIONS_DIR;
 use api::contract::{labels as l, objects as o};
 use serde_json::json;
 
@@ -24,7 +25,7 @@ pub fn validator(spec: &GPUClusterSpec, inputs: &Inputs<'_>) -> Result<Vec<Objec
     let selector = json!({"app.kubernetes.io/name": o::VALIDATOR_DAEMONSET});
     let mut labels = pod_labels(selector.clone(), ds);
     labels["app"] = json!(l::VALIDATOR_APP);
-    let ready_file = "/run/nvidia/validations/workload-ready";
+    let ready_file = format!("{VALIDATIONS_DIR}/workload-ready");
     let daemonset = json!({
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -51,7 +52,11 @@ pub fn validator(spec: &GPUClusterSpec, inputs: &Inputs<'_>) -> Result<Vec<Objec
                         "env": env(&[("WITH_WAIT", "true")], &v.env),
                         "resources": {"claims": [{"name": CLAIM}]},
                         "readinessProbe": {"exec": {"command": ["cat", ready_file]}, "periodSeconds": 5},
+                        // The image runs as a non-root user: the ready marker goes to a folder
+                        // of the pod's own that user may write.
+                        "volumeMounts": [{"name": "validations", "mountPath": VALIDATIONS_DIR}],
                     }],
+                    "volumes": [{"name": "validations", "emptyDir": {}}],
                 },
             },
         },
