@@ -66,11 +66,38 @@ struct Args {
     log_format: LogFormat,
 }
 
+/// `gpu-operator cleanup`: the chart's pre-delete hook (see `operator::cleanup`).
+#[derive(Debug, Parser)]
+#[command(name = "gpu-operator cleanup", version)]
+struct CleanupArgs {
+    /// How long to wait for the GPUCluster's finalizer: 300s, 5m, 1h30m.
+    #[arg(long, env = "CLEANUP_TIMEOUT", default_value = "300s", value_parser = operator::cleanup::parse_timeout)]
+    timeout: Duration,
+    /// Log format: text or json.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // A subcommand of its own parser, so the operator's required settings do not apply to it.
+    if std::env::args().nth(1).as_deref() == Some("cleanup") {
+        let args = CleanupArgs::parse_from(std::env::args().skip(1));
+        service::logging::init(args.log_format);
+        return exit(cleanup(args.timeout).await);
+    }
     let args = Args::parse();
     service::logging::init(args.log_format);
-    match run(args).await {
+    exit(run(args).await)
+}
+
+async fn cleanup(timeout: Duration) -> Result<(), Box<dyn std::error::Error>> {
+    let client = service::kube_client("gpu-operator").await?;
+    Ok(operator::cleanup::run(client, timeout).await?)
+}
+
+fn exit(result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -1,0 +1,95 @@
+//! `gpu-operator cleanup`: the chart's pre-delete hook. Deletes the `GPUCluster` and waits until its
+//! finalizer has drained the operands and the object is gone, so `helm uninstall` leaves nothing
+//! behind and needs no image but the operator's own.
+
+use std::time::Duration;
+
+use api::GPUCluster;
+use api::contract::GPU_CLUSTER_NAME;
+use kube::api::{Api, DeleteParams};
+
+/// How often the GPUCluster is looked at while waiting.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Why the cleanup did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum CleanupError {
+    /// The API refused or failed a call.
+    #[error("GPUCluster {GPU_CLUSTER_NAME}: {0}")]
+    Api(#[from] kube::Error),
+    /// The object was still there when the time was up.
+    #[error(
+        "GPUCluster {GPU_CLUSTER_NAME} still exists after {0:?}: its finalizer has not finished \
+         (is the gpu-operator Deployment running? kubectl describe gpucluster {GPU_CLUSTER_NAME})"
+    )]
+    TimedOut(Duration),
+}
+
+/// Parses a duration the way the chart's `cleanupHook.timeout` is written: `300s`, `5m`, `1h30m`.
+pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let bad = || format!("timeout {text:?}: expected a number with s, m or h, e.g. 300s or 1h30m");
+    let mut total = 0u64;
+    let mut digits = String::new();
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|s| total.checked_add(s))
+            .ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || text.is_empty() {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(total))
+}
+
+/// Deletes the GPUCluster (absent is fine) and waits up to `timeout` for it to be gone.
+pub async fn run(client: kube::Client, timeout: Duration) -> Result<(), CleanupError> {
+    let api: Api<GPUCluster> = Api::all(client);
+    match api.delete(GPU_CLUSTER_NAME, &DeleteParams::default()).await {
+        Ok(_) => tracing::info!("GPUCluster {GPU_CLUSTER_NAME} deleted; waiting for its finalizer"),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            tracing::info!("GPUCluster {GPU_CLUSTER_NAME} does not exist; nothing to clean up");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if api.get_opt(GPU_CLUSTER_NAME).await?.is_none() {
+            tracing::info!("GPUCluster {GPU_CLUSTER_NAME} is gone");
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CleanupError::TimedOut(timeout));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn timeouts_read_like_the_chart_writes_them() {
+        assert_eq!(parse_timeout("300s"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_timeout("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_timeout("1h30m"), Ok(Duration::from_secs(5400)));
+        for bad in ["", "300", "5x", "m5", "1.5h"] {
+            assert!(parse_timeout(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}
