@@ -9,7 +9,7 @@ IMAGE_TAG ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 # docker, podman or anything with `build -f FILE -t TAG CONTEXT`.
 CONTAINER_TOOL ?= docker
 
-.PHONY: chart-helm lint-chart test-chart update-chart-snapshots images
+.PHONY: chart-helm lint-chart test-chart update-chart-snapshots images-docker
 
 chart-helm:
 	@[ -x $(CHART_HELM) ] || $(MAKE) --no-print-directory $(HACK_HELM_STAMP)
@@ -25,9 +25,9 @@ test-chart: lint-chart ## helm lint + `helm template` snapshot tests of the char
 update-chart-snapshots: chart-helm ## Rewrite the chart's snapshot files after an intended change
 	HELM=$(CHART_HELM) UPDATE=1 $(CHART_DIR)/tests/snapshot.sh
 
-images: ## Build the two container images (needs a container engine; there is none on the dev machine)
-	@command -v $(CONTAINER_TOOL) >/dev/null || { echo "images: $(CONTAINER_TOOL) not found (set CONTAINER_TOOL)" >&2; exit 2; }
-	@$(CONTAINER_TOOL) info >/dev/null 2>&1 || { echo "images: $(CONTAINER_TOOL) cannot reach a container engine; no image can be built here" >&2; exit 2; }
+images-docker: ## Build the two published images from images/*.Dockerfile (needs a container engine; make images needs none)
+	@command -v $(CONTAINER_TOOL) >/dev/null || { echo "images-docker: $(CONTAINER_TOOL) not found (set CONTAINER_TOOL)" >&2; exit 2; }
+	@$(CONTAINER_TOOL) info >/dev/null 2>&1 || { echo "images-docker: $(CONTAINER_TOOL) cannot reach a container engine; no image can be built here" >&2; exit 2; }
 	$(CONTAINER_TOOL) build -f images/gpu-operator.Dockerfile -t $(IMAGE_REGISTRY)/gpu-operator:$(IMAGE_TAG) .
 	$(CONTAINER_TOOL) build -f images/gpu-kubelet-plugin.Dockerfile -t $(IMAGE_REGISTRY)/gpu-kubelet-plugin:$(IMAGE_TAG) .
 

@@ -33,13 +33,13 @@ HACK_HELM_STAMP := $(HACK_STAMPS)/helm-$(HACK_HELM_VERSION)
 HACK_CONTAINERD_MOD := hack/containerd/go.mod hack/containerd/go.sum
 HACK_CONTAINERD_STAMP := $(HACK_STAMPS)/containerd-$(HACK_CONTAINERD_VERSION)-$(call hack_key,$(HACK_CONTAINERD_MOD))
 HACK_IMAGES := $(CACHE_DIR)/images
-HACK_IMAGES_STAMP := $(HACK_STAMPS)/images-$(call hack_key,$(HACK_MOD) hack/cmd/pause/main.go hack/cmd/oci-image/main.go hack/cluster.mk)
+HACK_IMAGES_STAMP := $(HACK_STAMPS)/images-$(call hack_key,$(HACK_MOD) hack/cmd/pause/main.go hack/cmd/oci-image/main.go hack/cmd/standin/main.go hack/cluster.mk)
 # A test image for the real nodes: Debian's static busybox.
 HACK_BUSYBOX_IMAGE := gpu-operator-rs.dev/test/busybox:1
 HACK_BUSYBOX_TOOLS := sh ls cat env echo sleep test grep true false wget nc ip mount stat find head tail wc
 HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
 
-.PHONY: hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-real-nodes
+.PHONY: images hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-real-nodes
 
 hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) $(HACK_CONTAINERD_STAMP) $(HACK_IMAGES_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
 	@for l in $(HACK_K8S_LINKS); do [ -L $(HACK_BIN)/$$l ] || ln -sfn k8s $(HACK_BIN)/$$l; done
@@ -61,11 +61,13 @@ $(HACK_CONTAINERD_STAMP):
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 	@rm -f $(HACK_STAMPS)/containerd-* && touch $@
 
-# The real nodes' sandbox image (a static pause of ours) and the OCI image writer behind it and make images.
+# The real nodes' sandbox image (a static pause of ours), the OCI image writer behind it and make images,
+# and the stand-in for NVIDIA's images.
 $(HACK_IMAGES_STAMP):
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS) $(HACK_IMAGES)
 	$(HACK_GO) build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/oci-image ./cmd/oci-image
 	cd hack && env $(HACK_GOENV) CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/pause ./cmd/pause
+	cd hack && env $(HACK_GOENV) CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/standin ./cmd/standin
 	$(HACK_BIN)/oci-image -o $(HACK_IMAGES)/pause.tar -name registry.k8s.io/pause:3.10.1 -entrypoint /pause -add $(HACK_BIN)/pause:/pause:0755
 	@[ -x /bin/busybox ] || { echo "hack: /bin/busybox is missing: run hack/ci-bootstrap.sh (apt-get install busybox-static)" >&2; exit 1; }
 	$(HACK_BIN)/oci-image -o $(HACK_IMAGES)/busybox.tar -name $(HACK_BUSYBOX_IMAGE) -entrypoint /bin/sh -add /bin/busybox:/bin/busybox:0755 \
@@ -129,3 +131,7 @@ test-real-nodes: hack-tools ## Real-node smoke test: own cluster with 2 real nod
 	CACHE_DIR=$(CACHE_DIR) hack/test/real-nodes.sh
 
 TEST_TARGETS += test-real-nodes
+
+images: hack-tools ## The product's images (and stand-ins) as OCI archives in $(CACHE_DIR)/images, loaded into running real nodes
+	CACHE_DIR=$(CACHE_DIR) hack/images.sh
+	@if [ -s .cluster/real-nodes ]; then CACHE_DIR=$(CACHE_DIR) hack/cluster load-images; fi
