@@ -39,7 +39,7 @@ HACK_BUSYBOX_IMAGE := gpu-operator-rs.dev/test/busybox:1
 HACK_BUSYBOX_TOOLS := sh ls cat env echo sleep test grep true false wget nc ip mount stat find head tail wc
 HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
 
-.PHONY: images hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-real-nodes
+.PHONY: images test-images hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-real-nodes
 
 hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) $(HACK_CONTAINERD_STAMP) $(HACK_IMAGES_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
 	@for l in $(HACK_K8S_LINKS); do [ -L $(HACK_BIN)/$$l ] || ln -sfn k8s $(HACK_BIN)/$$l; done
@@ -135,3 +135,9 @@ TEST_TARGETS += test-real-nodes
 images: hack-tools ## The product's images (and stand-ins) as OCI archives in $(CACHE_DIR)/images, loaded into running real nodes
 	CACHE_DIR=$(CACHE_DIR) hack/images.sh
 	@if [ -s .cluster/real-nodes ]; then CACHE_DIR=$(CACHE_DIR) hack/cluster load-images; fi
+
+# make images and the Dockerfiles put the same binaries at the same paths with the same user.
+test-images: hack-tools ## The OCI archives of make images match the Dockerfiles (hack/test/images.sh)
+	CACHE_DIR=$(CACHE_DIR) hack/test/images.sh
+
+TEST_TARGETS += test-images

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Real-node smoke test (make test-real-nodes). Brings up its own cluster with two real nodes (a real
-# kubelet, containerd v2 + runc, CNI and kube-proxy each, in namespaces of their own) beside one KWOK
-# node, on free ports, then checks what the product's pods will rely on: pods run from locally
-# imported images; `kubectl logs` and `exec` work; a pod reaches the API through the `kubernetes`
-# Service and a pod on the other node; a DRA claim allocated by the scheduler is prepared by a plugin
-# registered with the real kubelet, and containerd injects the claim's CDI device (a /dev/nvidia*
-# character device and an env var) into the container. On exit, pass or fail, it takes the cluster
-# down and checks that no process, network namespace, link, cgroup, mount or firewall rule is left.
+# Real-node test (make test-real-nodes). Brings up its own cluster with two real nodes (a real kubelet,
+# containerd v2 + runc, CNI and kube-proxy each, in namespaces of their own) beside one KWOK node, on
+# free ports. First what the product's pods rely on: pods run from locally imported images; `kubectl
+# logs` and `exec` work; a pod reaches the API through the `kubernetes` Service and a pod on the other
+# node; a DRA claim allocated by the scheduler is prepared by a plugin registered with the real
+# kubelet, and containerd injects the claim's CDI device into the container. Then the install guide on
+# those nodes: the chart from the images of `make images` (debug build), the GPUCluster ready, the
+# guide's pod listing its one GPU, a two-GPU claim, a kubelet restart, and an uninstall that leaves
+# no pod, claim, CDI spec or checkpoint entry. On exit, pass or fail, it takes the cluster down and
+# checks that no process, network namespace, link, cgroup, mount or firewall rule is left.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -275,4 +277,122 @@ EOF
   fi
 else
   fail "claim gpu not allocated within 60s"
+fi
+
+# --- the install guide on the real nodes ------------------------------------------------------------
+k delete namespace "$NS" --wait=false >/dev/null
+k delete deviceclass fake-gpu >/dev/null
+k delete resourceslice real-gpu-0-fake >/dev/null
+# The KWOK node would take the operator's pods without running them: keep it out of the way.
+k taint node gpu-node-0 gpu-operator-rs.dev/fake=true:NoSchedule >/dev/null
+images="$CLUSTER_DIR/images"
+PROFILE=debug IMAGES_OUT="$images" "$HACK_DIR/images.sh" >/dev/null
+IMAGES_DIR="$images" "$HACK_DIR/cluster" load-images
+GNS=gpu-operator
+t0=$SECONDS
+"$BIN_DIR/helm" --kubeconfig "$KUBECONFIG_FILE" upgrade --install gpu-operator "$REPO_DIR/charts/gpu-operator" \
+  --namespace "$GNS" --create-namespace --set gpuCluster.enabled=true --set driver.enabled=false \
+  --set 'operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE' --set 'operator.env[0].value=dra' >/dev/null
+gc_ready() { [[ "$(k get gpucluster gpu-cluster -o jsonpath='{.status.state}')" == ready ]]; }
+if wait_until 300 gc_ready; then
+  pods="$(k -n "$GNS" get pods --no-headers -o wide | awk '{print $1" "$2" "$3" "$7}' | tr '\n' ';')"
+  pass "the guide's helm install: GPUCluster ready in $((SECONDS - t0))s, every operand a pod on a real node: $pods"
+else
+  fail "GPUCluster not ready within 300s: $(k get gpucluster gpu-cluster -o jsonpath='{.status.conditions[0].message}'); $(k -n "$GNS" get pods --no-headers | tr '\n' ';')"
+  exit 1
+fi
+
+# The init container (the validator image's user overridden to root) wrote driver-ready on the node.
+ready_file="$CLUSTER_DIR/nodes/real-gpu-0/run/nvidia/validations/driver-ready"
+if grep -q '^IS_HOST_DRIVER=true$' "$ready_file" 2>/dev/null && grep -q '^NVIDIA_DRIVER_ROOT=/$' "$ready_file"; then
+  pass "driver-validation wrote /run/nvidia/validations/driver-ready on real-gpu-0 (the pre-installed driver, on the host)"
+else
+  fail "driver-ready on real-gpu-0: $(tr '\n' ' ' <"$ready_file" 2>&1)"
+fi
+slice_uuids() { k get resourceslices --field-selector "spec.nodeName=$1,spec.driver=gpu.nvidia.com" -o jsonpath='{range .items[*].spec.devices[*]}{.attributes.uuid.string}{"\n"}{end}'; }
+if [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; then
+  pass "gpu-kubelet-plugin pods registered with the real kubelets and published 4 + 2 GPUs"
+else
+  fail "ResourceSlices: real-gpu-0 $(slice_uuids real-gpu-0 | wc -l), real-gpu-1 $(slice_uuids real-gpu-1 | wc -l) GPUs"
+fi
+
+# gpu_pod NAME NODE COUNT: the guide's claim template and pod (COUNT GPUs), pinned to NODE, whose
+# container lists what it sees: nvidia-smi -L, its /dev/nvidia<minor> nodes, and NVML's library.
+gpu_pod() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: $1, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com, allocationMode: ExactCount, count: $3}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  restartPolicy: Never
+  nodeSelector: {kubernetes.io/hostname: $2}
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: $1}]
+  containers:
+  - name: workload
+    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
+    command: ["sh", "-c", "nvidia-smi -L; ls /dev | grep '^nvidia[0-9]'; test -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 && echo nvml-present"]
+    resources:
+      claims: [{name: gpu}]
+EOF
+}
+pod_phase() { k -n default get pod "$1" -o jsonpath='{.status.phase}'; }
+finished() { [[ "$(pod_phase "$1")" == Succeeded || "$(pod_phase "$1")" == Failed ]]; }
+# check_gpu_pod NAME NODE COUNT: the pod succeeded and saw exactly COUNT of NODE's GPUs, nothing else.
+check_gpu_pod() {
+  local name=$1 node=$2 count=$3 log uuids seen devs known=1 u
+  if ! wait_until 120 finished "$name" || [[ "$(pod_phase "$name")" != Succeeded ]]; then
+    fail "$name on $node: $(pod_phase "$name"); $(k -n default describe pod "$name" | tail -4 | tr '\n' ' ')"
+    return
+  fi
+  log="$(k -n default logs "$name")"
+  uuids="$(slice_uuids "$node")"
+  seen="$(grep -c '^GPU [0-9]*: NVIDIA .* (UUID: GPU-' <<<"$log" || true)"
+  devs="$(grep -c '^nvidia[0-9]*$' <<<"$log" || true)"
+  for u in $(grep -o 'GPU-[0-9a-f-]*' <<<"$log"); do grep -qx "$u" <<<"$uuids" || known=0; done
+  if [[ "$seen" == "$count" && "$devs" == "$count" && "$known" == 1 ]] && grep -q '^nvml-present$' <<<"$log"; then
+    pass "$name on $node: nvidia-smi -L lists exactly its $count GPU(s) of that node, $count /dev/nvidia<minor>, libnvidia-ml.so.1 injected: $(grep '^GPU' <<<"$log" | tr '\n' ';')"
+  else
+    fail "$name on $node: expected $count GPU(s) of the node, got: $(tr '\n' ';' <<<"$log")"
+  fi
+}
+gpu_pod gpu-workload real-gpu-0 1
+check_gpu_pod gpu-workload real-gpu-0 1
+gpu_pod two-gpus real-gpu-1 2
+check_gpu_pod two-gpus real-gpu-1 2
+
+# A kubelet restart: the plugin registers again and the node keeps serving claims.
+"$HACK_DIR/cluster" restart-kubelet real-gpu-0
+node_ready() { [[ "$(k get node real-gpu-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+wait_until 60 node_ready || fail "real-gpu-0 not Ready after its kubelet restarted"
+gpu_pod after-restart real-gpu-0 1
+check_gpu_pod after-restart real-gpu-0 1
+
+# Uninstall: nothing of ours is left on the nodes or in the API.
+k -n default delete pod gpu-workload two-gpus after-restart --wait=true >/dev/null
+t0=$SECONDS
+"$BIN_DIR/helm" --kubeconfig "$KUBECONFIG_FILE" uninstall gpu-operator --namespace "$GNS" --wait >/dev/null
+ns_empty() { [[ -z "$(k -n "$GNS" get pods,resourceclaims --no-headers 2>/dev/null)" ]]; }
+no_specs() { ! compgen -G "$CLUSTER_DIR/nodes/real-gpu-*/run/cdi/k8s.gpu.nvidia.com-claim_*" >/dev/null; }
+no_entries() {
+  local f
+  for f in "$CLUSTER_DIR"/nodes/real-gpu-*/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json; do
+    [[ -e "$f" ]] || continue
+    python3 -c 'import json,sys; sys.exit(1 if json.load(open(sys.argv[1]))["payload"]["claims"] else 0)' "$f" || return 1
+  done
+}
+if wait_until 120 ns_empty && wait_until 60 no_specs && wait_until 60 no_entries &&
+  [[ -z "$(k get gpucluster --no-headers 2>/dev/null)" ]]; then
+  pass "helm uninstall in $((SECONDS - t0))s leaves no pod, claim, GPUCluster, CDI spec or checkpoint entry"
+else
+  fail "after uninstall: $(k -n "$GNS" get pods,resourceclaims --no-headers 2>&1 | tr '\n' ';') specs: $(ls "$CLUSTER_DIR"/nodes/real-gpu-*/run/cdi/ 2>&1 | tr '\n' ' ')"
 fi

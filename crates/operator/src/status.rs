@@ -8,14 +8,20 @@ use kube::ResourceExt;
 
 /// Readiness of a DaemonSet: the controller saw the latest spec and either no node is selected
 /// (a DaemonSet with nothing to run is ready) or every desired pod is updated and available.
-/// `labelled_nodes` is how many GPU nodes carry the DaemonSet's node selector: until the DaemonSet
-/// controller wants at least that many pods (it lags behind a node label change), the DaemonSet is
-/// not ready, so a cluster whose nodes were just labelled is not reported ready with no pod.
+/// `labelled_nodes` is how many GPU nodes carry the DaemonSet's node selector: while the DaemonSet
+/// controller wants no pod although such nodes exist (it lags behind the labeller right after an
+/// install), the DaemonSet is not ready, so a cluster is never reported ready with no GPU served.
+/// Once it wants pods, its own counts decide (a node it cannot run on, e.g. tainted, does not block).
 pub fn daemonset(ds: &DaemonSet, labelled_nodes: i32) -> OperandStatus {
     let status = ds.status.clone().unwrap_or_default();
+    let lagging = status.desired_number_scheduled == 0 && labelled_nodes > 0;
     let observed = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0)
-        && status.desired_number_scheduled >= labelled_nodes;
-    let desired = status.desired_number_scheduled.max(labelled_nodes);
+        && !lagging;
+    let desired = if lagging {
+        labelled_nodes
+    } else {
+        status.desired_number_scheduled
+    };
     let available = status.number_available.unwrap_or(0);
     let updated = status.updated_number_scheduled.unwrap_or(0);
     let empty =
@@ -225,13 +231,15 @@ mod tests {
         let s = daemonset(&ds(2, pending), 3);
         assert!(!s.ready);
         assert_eq!((s.desired, s.available), (3, 2));
-        let mut rolling = full;
+        let mut rolling = full.clone();
         rolling["updatedNumberScheduled"] = json!(1);
         assert!(!daemonset(&ds(2, rolling), 3).ready);
-            // Nodes were labelled but the DaemonSet controller has not caught up yet: not ready.
+        // Nodes were labelled but the DaemonSet controller has not caught up yet: not ready.
         let lagging = daemonset(&ds(1, zero), 2);
         assert!(!lagging.ready, "two labelled nodes and no pod wanted yet");
         assert_eq!((lagging.desired, lagging.available), (2, 0));
+        // A labelled node the DaemonSet cannot run on (tainted) does not block the others.
+        assert!(daemonset(&ds(2, full.clone()), 4).ready);
     }
 
     #[test]
