@@ -14,23 +14,13 @@ set -euo pipefail
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO_DIR="$(dirname "$HACK_DIR")"
 export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
-ports_free() {
-  local off
-  for off in 379 380 443 257 259; do
-    ! ss -Htln "sport = :$(($1 + off))" | grep -q . || return 1
-  done
-}
-PORT_BASE="${SMOKE_PORT_BASE:-}"
-if [[ -z "$PORT_BASE" ]]; then
-  for base in $(seq 41000 1000 60000); do
-    if ports_free "$base" && [[ ! -e "$REPO_DIR/.cluster/real-$base" ]]; then PORT_BASE=$base && break; fi
-  done
-  [[ -n "$PORT_BASE" ]] || { echo "real-nodes: FAIL  no free port range found" >&2; exit 1; }
-fi
+TEST_NAME=real-nodes
+# shellcheck source=hack/test/lib.sh
+source "$HACK_DIR/test/lib.sh"
+PORT_BASE="$(free_port_base 41000 real)"
 export PORT_BASE
 export CLUSTER_DIR="$REPO_DIR/.cluster/real-$PORT_BASE"
 export NODES=1 CPU_NODES=0 REAL_NODES=2 REAL_GPUS="h100-sxm5-80gb:4 l4:2"
-BIN_DIR="$CACHE_DIR/bin"
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 IMAGE=gpu-operator-rs.dev/test/busybox:1
 DRIVER=gpu.fake.example.com
@@ -38,23 +28,6 @@ NS=real-nodes
 EVENTS="$CLUSTER_DIR/fake-dra-plugin.events"
 CID="$(printf '%s' "$CLUSTER_DIR" | sha256sum | cut -c1-6)"
 
-results=()
-failed=0
-pass() { results+=("PASS  $*"); echo "real-nodes: PASS  $*"; }
-fail() {
-  results+=("FAIL  $*")
-  echo "real-nodes: FAIL  $*" >&2
-  failed=1
-}
-k() { "$BIN_DIR/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
-wait_until() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.5
-  done
-}
 phase() { k -n "$NS" get pod "$1" -o jsonpath='{.status.phase}'; }
 pod_done() { [[ "$(phase "$1")" == Succeeded || "$(phase "$1")" == Failed ]]; }
 pod_running() { [[ "$(phase "$1")" == Running ]]; }
@@ -71,14 +44,6 @@ host_state() {
   nft list ruleset 2>/dev/null
 }
 BEFORE="$(host_state)"
-
-summary() {
-  echo
-  echo "================ real-node smoke test ================"
-  printf '%s\n' "${results[@]}"
-  if ((failed)); then echo "RESULT: FAIL (cluster logs kept in $REPO_DIR/.cluster/real-nodes-logs)"; else echo "RESULT: PASS"; fi
-  echo "======================================================"
-}
 
 cleanup() {
   local rc=$?
@@ -109,7 +74,7 @@ cleanup() {
     fail "hack/cluster down reported an error"
   fi
   rm -rf "$CLUSTER_DIR"
-  summary
+  summary "real-node test"
   ((failed == 0)) || exit 1
   exit 0
 }

@@ -11,25 +11,15 @@ set -euo pipefail
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO_DIR="$(dirname "$HACK_DIR")"
 export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
+TEST_NAME=smoke
+# shellcheck source=hack/test/lib.sh
+source "$HACK_DIR/test/lib.sh"
 # A port base whose five ports are all free (another smoke test or a dev cluster may be running), and
 # a state folder of its own for it.
-ports_free() {
-  local off
-  for off in 379 380 443 257 259; do
-    ! ss -Htln "sport = :$(($1 + off))" | grep -q . || return 1
-  done
-}
-PORT_BASE="${SMOKE_PORT_BASE:-}"
-if [[ -z "$PORT_BASE" ]]; then
-  for base in $(seq 27000 1000 40000); do
-    if ports_free "$base" && [[ ! -e "$REPO_DIR/.cluster/smoke-$base" ]]; then PORT_BASE=$base && break; fi
-  done
-  [[ -n "$PORT_BASE" ]] || { echo "smoke: FAIL  no free port range found" >&2; exit 1; }
-fi
+PORT_BASE="$(free_port_base 27000 smoke)"
 export PORT_BASE
 export CLUSTER_DIR="$REPO_DIR/.cluster/smoke-$PORT_BASE"
 export NODES=2 CPU_NODES=1
-BIN_DIR="$CACHE_DIR/bin"
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 NODE=gpu-node-0
 DRIVER=gpu.fake.example.com
@@ -37,34 +27,6 @@ NS=smoke
 NODE_ROOT="" # set once the cluster is up: below the short folder $CLUSTER_DIR/nodes links to
 EVENTS="$CLUSTER_DIR/fake-dra-plugin.events"
 PLUGIN_PID=""
-
-results=()
-failed=0
-pass() { results+=("PASS  $*"); echo "smoke: PASS  $*"; }
-fail() {
-  results+=("FAIL  $*")
-  echo "smoke: FAIL  $*" >&2
-  failed=1
-}
-k() { "$BIN_DIR/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
-
-# wait_until SECONDS CMD...: poll CMD until it succeeds; non-zero on timeout.
-wait_until() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.5
-  done
-}
-
-summary() {
-  echo
-  echo "================ cluster smoke test ================"
-  printf '%s\n' "${results[@]}"
-  if ((failed)); then echo "RESULT: FAIL (cluster logs kept in $REPO_DIR/.cluster/smoke-logs)"; else echo "RESULT: PASS"; fi
-  echo "===================================================="
-}
 
 cleanup() {
   local rc=$?
@@ -89,7 +51,7 @@ cleanup() {
     fail "hack/cluster down reported an error"
   fi
   rm -rf "$CLUSTER_DIR"
-  summary
+  summary "cluster smoke test"
   ((failed == 0)) || exit 1
   exit 0
 }

@@ -44,11 +44,7 @@ fn run(list_only: bool) -> Result<(), nvml_wrapper::error::NvmlError> {
     }
     for index in 0..nvml.device_count()? {
         let device = nvml.device_by_index(index)?;
-        println!(
-            "GPU {index}: {} (UUID: {})",
-            device.name()?,
-            device.uuid()?
-        );
+        println!("GPU {index}: {} (UUID: {})", device.name()?, device.uuid()?);
     }
     Ok(())
 }

@@ -15,8 +15,8 @@ use kube::ResourceExt;
 pub fn daemonset(ds: &DaemonSet, labelled_nodes: i32) -> OperandStatus {
     let status = ds.status.clone().unwrap_or_default();
     let lagging = status.desired_number_scheduled == 0 && labelled_nodes > 0;
-    let observed = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0)
-        && !lagging;
+    let observed =
+        status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0) && !lagging;
     let desired = if lagging {
         labelled_nodes
     } else {
@@ -244,10 +244,17 @@ mod tests {
 
     #[test]
     fn node_selectors_match_every_entry() {
-        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let map =
+            |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
         let sel = map(&[("nvidia.com/gpu.deploy.dra-driver", "true")]);
-        assert!(selects(&sel, &map(&[("nvidia.com/gpu.deploy.dra-driver", "true"), ("x", "y")])));
-        assert!(!selects(&sel, &map(&[("nvidia.com/gpu.deploy.dra-driver", "false")])));
+        assert!(selects(
+            &sel,
+            &map(&[("nvidia.com/gpu.deploy.dra-driver", "true"), ("x", "y")])
+        ));
+        assert!(!selects(
+            &sel,
+            &map(&[("nvidia.com/gpu.deploy.dra-driver", "false")])
+        ));
         assert!(!selects(&sel, &map(&[])));
         assert!(selects(&map(&[]), &map(&[])));
     }

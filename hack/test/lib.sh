@@ -1,0 +1,49 @@
+# Shared helpers of the cluster tests in hack/test (sourced). Set TEST_NAME and KUBECONFIG_FILE first;
+# BIN_DIR defaults to $CACHE_DIR/bin.
+BIN_DIR="${BIN_DIR:-$CACHE_DIR/bin}"
+results=()
+failed=0
+
+pass() { results+=("PASS  $*"); echo "$TEST_NAME: PASS  $*"; }
+fail() {
+  results+=("FAIL  $*")
+  echo "$TEST_NAME: FAIL  $*" >&2
+  failed=1
+}
+
+k() { "$BIN_DIR/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+# wait_until SECONDS CMD...: poll CMD until it succeeds; non-zero on timeout.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.5
+  done
+}
+
+# free_port_base FROM PREFIX: the first port base from FROM up (steps of 1000) whose cluster ports are
+# free and whose state folder .cluster/PREFIX-<base> does not exist; $SMOKE_PORT_BASE when set.
+free_port_base() {
+  local base off busy
+  if [[ -n "${SMOKE_PORT_BASE:-}" ]]; then echo "$SMOKE_PORT_BASE" && return; fi
+  for base in $(seq "$1" 1000 $(($1 + 19000))); do
+    busy=0
+    for off in 379 380 443 257 259; do
+      ss -Htln "sport = :$((base + off))" | grep -q . && busy=1
+    done
+    if ((busy == 0)) && [[ ! -e "$REPO_DIR/.cluster/$2-$base" ]]; then echo "$base" && return; fi
+  done
+  echo "$TEST_NAME: FAIL  no free port range found from $1" >&2
+  return 1
+}
+
+# summary TITLE: the results, one a line, and the verdict.
+summary() {
+  echo
+  echo "================ $1 ================"
+  printf '%s\n' "${results[@]}"
+  if ((failed)); then echo "RESULT: FAIL (cluster logs kept in $REPO_DIR/.cluster/$TEST_NAME-logs)"; else echo "RESULT: PASS"; fi
+  echo "======================================================"
+}
