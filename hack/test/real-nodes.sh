@@ -156,6 +156,7 @@ else
 fi
 
 # --- DRA: scheduler allocates, plugin on the real kubelet prepares, containerd injects the CDI device --
+# The stand-in plugin publishes nothing itself: a hand-written slice of two devices on real-gpu-0.
 k apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass
@@ -165,6 +166,17 @@ spec:
   - cel: {expression: device.driver == "$DRIVER"}
 ---
 apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: real-gpu-0-fake}
+spec:
+  driver: $DRIVER
+  nodeName: real-gpu-0
+  pool: {name: real-gpu-0, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+  - name: gpu-1
+---
+apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: gpu, namespace: $NS}
 spec:
@@ -172,7 +184,31 @@ spec:
     requests:
     - name: gpu
       exactly: {deviceClassName: fake-gpu, count: 1}
----
+EOF
+uid="$(k -n "$NS" get resourceclaim gpu -o jsonpath='{.metadata.uid}')"
+# What a DRA driver writes for a claim: a CDI spec in the node's /var/run/cdi. The device the
+# scheduler will pick is not known yet, so both get one; the container must get only its own.
+cat >"$CLUSTER_DIR/nodes/real-gpu-0/run/cdi/$DRIVER-fake.yaml" <<EOF
+cdiVersion: 0.5.0
+kind: $DRIVER/fake
+devices:
+- name: $uid-gpu-0
+  containerEdits:
+    env: ["FAKE_GPU=gpu-0"]
+    deviceNodes: [{path: /dev/nvidia0}]
+- name: $uid-gpu-1
+  containerEdits:
+    env: ["FAKE_GPU=gpu-1"]
+    deviceNodes: [{path: /dev/nvidia1}]
+EOF
+# The stand-in plugin runs inside the node, so its sockets are where the real kubelet looks. It
+# registers before the pod exists: a pod that found no driver waits out the kubelet's backoff.
+: >"$EVENTS"
+"$HACK_DIR/cluster" node-exec real-gpu-0 "$BIN_DIR/fake-dra-plugin" --kubeconfig "$KUBECONFIG_FILE" --driver "$DRIVER" \
+  --registry-dir /var/lib/kubelet/plugins_registry --plugins-dir /var/lib/kubelet/plugins \
+  --event-log "$EVENTS" >"$CLUSTER_DIR/logs/fake-dra-plugin.log" 2>&1 &
+wait_until 30 grep -q ' registration registered=true' "$EVENTS" || fail "the stand-in plugin did not register with real-gpu-0's kubelet"
+k apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
 metadata: {name: gpu-pod, namespace: $NS}
@@ -188,60 +224,27 @@ spec:
     resources:
       claims: [{name: gpu}]
 EOF
-# The stand-in plugin publishes nothing itself: a hand-written slice of two devices on real-gpu-0.
-k apply -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: real-gpu-0-fake}
-spec:
-  driver: $DRIVER
-  nodeName: real-gpu-0
-  pool: {name: real-gpu-0, generation: 1, resourceSliceCount: 1}
-  devices:
-  - name: gpu-0
-  - name: gpu-1
-EOF
-allocated() { [[ -n "$(k -n "$NS" get resourceclaim gpu -o jsonpath='{.status.allocation.devices.results[0].device}')" ]]; }
-if wait_until 60 allocated; then
-  uid="$(k -n "$NS" get resourceclaim gpu -o jsonpath='{.metadata.uid}')"
-  device="$(k -n "$NS" get resourceclaim gpu -o jsonpath='{.status.allocation.devices.results[0].device}')"
+if wait_until 90 pod_done gpu-pod && [[ "$(phase gpu-pod)" == Succeeded ]]; then
+  # The claim is released once its pod is done: the device is the one its CDI edits named.
+  log="$(k -n "$NS" logs gpu-pod)"
+  device="$(sed -n 's/^FAKE_GPU=//p' <<<"$log")"
   minor="${device#gpu-}"
-  # What a DRA driver writes for the claim: a CDI spec in the node's /var/run/cdi.
-  cat >"$CLUSTER_DIR/nodes/real-gpu-0/run/cdi/$DRIVER-fake.yaml" <<EOF
-cdiVersion: 0.5.0
-kind: $DRIVER/fake
-devices:
-- name: $uid-$device
-  containerEdits:
-    env: ["FAKE_GPU=$device"]
-    deviceNodes: [{path: /dev/nvidia$minor}]
-EOF
-  # The stand-in plugin runs inside the node, so its sockets are where the real kubelet looks.
-  : >"$EVENTS"
-  "$HACK_DIR/cluster" node-exec real-gpu-0 "$BIN_DIR/fake-dra-plugin" --kubeconfig "$KUBECONFIG_FILE" --driver "$DRIVER" \
-    --registry-dir /var/lib/kubelet/plugins_registry --plugins-dir /var/lib/kubelet/plugins \
-    --event-log "$EVENTS" >"$CLUSTER_DIR/logs/fake-dra-plugin.log" 2>&1 &
-  if wait_until 90 pod_done gpu-pod && [[ "$(phase gpu-pod)" == Succeeded ]]; then
-    log="$(k -n "$NS" logs gpu-pod)"
-    if grep -q "^FAKE_GPU=$device$" <<<"$log" && grep -q "^/dev/nvidia$minor character special file c3:$(printf '%x' "$minor")$" <<<"$log" &&
-      [[ "$(grep -c '^/dev/nvidia' <<<"$log")" == 1 ]]; then
-      pass "claim prepared through the real kubelet; containerd injected CDI device $device (/dev/nvidia$minor c 195:$minor, env) and nothing else"
-    else
-      fail "the container did not get exactly the claim's CDI edits: $(tr '\n' ' ' <<<"$log")"
-    fi
+  if [[ "$device" == gpu-[01] ]] && grep -q "^/dev/nvidia$minor character special file c3:$(printf '%x' "$minor")$" <<<"$log" &&
+    [[ "$(grep -c '^/dev/nvidia' <<<"$log")" == 1 ]]; then
+    pass "claim prepared through the real kubelet; containerd injected CDI device $device (/dev/nvidia$minor c 195:$minor, env) and nothing else"
   else
-    fail "gpu-pod: phase $(phase gpu-pod); plugin events: $(tr '\n' ' ' <"$EVENTS"); $(k -n "$NS" describe pod gpu-pod | tail -4 | tr '\n' ' ')"
-  fi
-  grep -q " prepare $NS/gpu uid=$uid" "$EVENTS" && pass "NodePrepareResources from the real kubelet for $NS/gpu" ||
-    fail "no NodePrepareResources for $NS/gpu in the plugin's event log"
-  k -n "$NS" delete pod gpu-pod --wait=false >/dev/null
-  if wait_until 90 grep -q " unprepare $NS/gpu uid=$uid" "$EVENTS"; then
-    pass "NodeUnprepareResources once the pod was deleted"
-  else
-    fail "no NodeUnprepareResources within 90s of deleting the pod"
+    fail "the container did not get exactly the claim's CDI edits ($device): $(tr '\n' ' ' <<<"$log")"
   fi
 else
-  fail "claim gpu not allocated within 60s"
+  fail "gpu-pod: phase $(phase gpu-pod); plugin events: $(tr '\n' ' ' <"$EVENTS"); $(k -n "$NS" describe pod gpu-pod | tail -4 | tr '\n' ' ')"
+fi
+grep -q " prepare $NS/gpu uid=$uid" "$EVENTS" && pass "NodePrepareResources from the real kubelet for $NS/gpu" ||
+  fail "no NodePrepareResources for $NS/gpu in the plugin's event log"
+k -n "$NS" delete pod gpu-pod --wait=false >/dev/null
+if wait_until 90 grep -q " unprepare $NS/gpu uid=$uid" "$EVENTS"; then
+  pass "NodeUnprepareResources once the pod was deleted"
+else
+  fail "no NodeUnprepareResources within 90s of deleting the pod"
 fi
 
 # --- the install guide on the real nodes ------------------------------------------------------------
@@ -335,10 +338,19 @@ check_gpu_pod gpu-workload real-gpu-0 1
 gpu_pod two-gpus real-gpu-1 2
 check_gpu_pod two-gpus real-gpu-1 2
 
-# A kubelet restart: the plugin registers again and the node keeps serving claims.
+# A kubelet restart: the plugin registers again and the node keeps serving claims. The pod is made
+# once the kubelet took the plugin's registration again (a pod that found no driver would wait out
+# the kubelet's backoff) and the plugin published its slice again (the kubelet wipes it at start).
+registrations() { grep -c 'RegisterPlugin started.*gpu.nvidia.com-reg.sock' "$CLUSTER_DIR/logs/kubelet-real-gpu-0.log" || true; }
+before="$(registrations)"
 "$HACK_DIR/cluster" restart-kubelet real-gpu-0
+registered_again() { (($(registrations) > before)) && [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 ]]; }
 node_ready() { [[ "$(k get node real-gpu-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
-wait_until 60 node_ready || fail "real-gpu-0 not Ready after its kubelet restarted"
+if wait_until 90 registered_again && wait_until 60 node_ready; then
+  pass "after a kubelet restart on real-gpu-0 the plugin pod registered again and republished its 4 GPUs"
+else
+  fail "after a kubelet restart on real-gpu-0: registrations $before -> $(registrations), GPUs in slices $(slice_uuids real-gpu-0 | grep -c ^GPU-)"
+fi
 gpu_pod after-restart real-gpu-0 1
 check_gpu_pod after-restart real-gpu-0 1
 
