@@ -344,16 +344,18 @@ fn node_selector(ds: &DaemonSet) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// Counts GPU nodes, DRA-mode ones, and for each of `selectors` the GPU nodes it selects.
+/// Counts GPU nodes, DRA-mode ones, those with no allocation mode yet, and for each of `selectors`
+/// the GPU nodes it selects.
 async fn node_counts(
     ctx: &Context,
     plugin_ready: i32,
     selectors: &[BTreeMap<String, String>],
-) -> Result<(NodeCounts, Vec<i32>), Error> {
+) -> Result<(NodeCounts, i32, Vec<i32>), Error> {
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
     let selector = format!("{}=true", l::GPU_PRESENT);
     let (mut gpu, mut dra) = (0usize, 0usize);
     let mut selected = vec![0i32; selectors.len()];
+    let mut unlabelled = 0i32;
     let mut token: Option<String> = None;
     // Pages keep the operator's memory flat on large clusters; only counts are kept.
     loop {
@@ -367,6 +369,7 @@ async fn node_counts(
             .map_err(api_err("listing GPU nodes"))?;
         gpu += page.items.len();
         for node in &page.items {
+            unlabelled += i32::from(!node.labels().contains_key(l::ALLOCATION_MODE));
             for (count, sel) in selected.iter_mut().zip(selectors) {
                 *count += i32::from(status::selects(sel, node.labels()));
             }
@@ -389,7 +392,7 @@ async fn node_counts(
         dra: dra.try_into().unwrap_or(i32::MAX),
         ready_dra: plugin_ready,
     };
-    Ok((counts, selected))
+    Ok((counts, unlabelled, selected))
 }
 
 async fn write_status(
@@ -584,8 +587,9 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         }
     }
     let selectors: Vec<_> = daemonsets.iter().map(node_selector).collect();
-    let (nodes, labelled) = node_counts(&ctx, plugin_ready, &selectors).await?;
+    let (nodes, unlabelled, labelled) = node_counts(&ctx, plugin_ready, &selectors).await?;
     observed.nodes = nodes;
+    observed.unlabelled_gpu_nodes = unlabelled;
     for (ds, labelled) in daemonsets.iter().zip(labelled) {
         observed.operands.push(status::daemonset(ds, labelled));
     }

@@ -80,7 +80,15 @@ pub struct Observed {
     pub problems: Vec<Problem>,
     /// Node counts.
     pub nodes: NodeCounts,
+    /// GPU nodes the node labeler has not given an allocation mode yet (it has not seen them, or
+    /// it does not run): nothing can say yet which of their operands should run.
+    pub unlabelled_gpu_nodes: i32,
 }
+
+/// Reason of a Ready condition that waits for operands to start.
+const OPERAND_NOT_READY: &str = "OperandNotReady";
+/// Reason of a Ready condition that waits for the node labeler.
+const NODES_NOT_LABELLED: &str = "NodesNotLabelled";
 
 /// The reason and message of the Ready/Error pair for an observation.
 fn verdict(observed: &Observed) -> (bool, &'static str, String) {
@@ -104,6 +112,18 @@ fn verdict(observed: &Observed) -> (bool, &'static str, String) {
     if !failures.is_empty() {
         return (false, "ReconcileFailed", failures.join("; "));
     }
+    if observed.unlabelled_gpu_nodes > 0 {
+        return (
+            false,
+            NODES_NOT_LABELLED,
+            format!(
+                "waiting for the node labeler: {} of {} GPU nodes have no {} label yet",
+                observed.unlabelled_gpu_nodes,
+                observed.nodes.gpu,
+                api::contract::labels::ALLOCATION_MODE
+            ),
+        );
+    }
     let waiting: Vec<String> = observed
         .operands
         .iter()
@@ -118,7 +138,7 @@ fn verdict(observed: &Observed) -> (bool, &'static str, String) {
     if !waiting.is_empty() {
         return (
             false,
-            "OperandNotReady",
+            OPERAND_NOT_READY,
             format!("waiting for {}", waiting.join(", ")),
         );
     }
@@ -163,7 +183,8 @@ pub fn status(
         .map(|p| p.conditions.as_slice())
         .unwrap_or_default();
     let error_reason = if ready { "Ready" } else { reason };
-    let error_status = !ready && reason != "OperandNotReady";
+    // Waiting is not an error; a problem is.
+    let error_status = !ready && reason != OPERAND_NOT_READY && reason != NODES_NOT_LABELLED;
     GPUClusterStatus {
         state: Some(if ready { State::Ready } else { State::NotReady }),
         namespace: Some(observed.namespace.clone()),
@@ -316,6 +337,26 @@ mod tests {
             "waiting for DaemonSet/nvidia-dra-validator: 1 of 3 pods available"
         );
         assert_eq!(s.conditions[1].status, "False", "waiting is not an error");
+
+        // Every operand ready but a GPU node not yet labelled: nothing says its operands run.
+        let unlabelled = Observed {
+            operands: vec![operand("a", true)],
+            nodes: NodeCounts {
+                gpu: 3,
+                ..NodeCounts::default()
+            },
+            unlabelled_gpu_nodes: 1,
+            ..obs.clone()
+        };
+        let u = status(&unlabelled, Some(1), None, now);
+        assert_eq!(u.state, Some(State::NotReady));
+        assert_eq!(u.conditions[0].reason, "NodesNotLabelled");
+        assert_eq!(
+            u.conditions[0].message,
+            "waiting for the node labeler: 1 of 3 GPU nodes have no \
+             nvidia.com/gpu-operator.resource-allocation.mode label yet"
+        );
+        assert_eq!(u.conditions[1].status, "False", "waiting is not an error");
 
         let all_ready = Observed {
             operands: vec![operand("a", true)],
