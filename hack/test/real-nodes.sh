@@ -284,6 +284,37 @@ else
   fail "ResourceSlices: real-gpu-0 $(slice_uuids real-gpu-0 | wc -l), real-gpu-1 $(slice_uuids real-gpu-1 | wc -l) GPUs"
 fi
 
+# RBAC and admission as our pods' own tokens see them.
+plugin_pod="$(k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector spec.nodeName=real-gpu-0 -o jsonpath='{.items[0].metadata.name}')"
+plugin_sa="$(k -n "$GNS" get pod "$plugin_pod" -o jsonpath='{.spec.serviceAccountName}')"
+plugin_kc="$("$HACK_DIR/cluster" sa-kubeconfig "$GNS" "$plugin_sa" "$plugin_pod")"
+# slice_as KUBECONFIG NAME DRIVER NODE: try to create a ResourceSlice; prints the API's answer.
+slice_as() {
+  "$BIN_DIR/kubectl" --kubeconfig "$1" create -f - 2>&1 <<EOF || true
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: $2}
+spec: {driver: $3, nodeName: $4, pool: {name: $4, generation: 1, resourceSliceCount: 1}, devices: []}
+EOF
+}
+other_driver="$(slice_as "$plugin_kc" intruder-driver other.vendor.com real-gpu-0)"
+other_node="$(slice_as "$plugin_kc" intruder-node gpu.nvidia.com real-gpu-1)"
+if [[ "$other_driver" == *"may only write ResourceSlices of the drivers"* && "$other_node" == *"may only write ResourceSlices of that node"* ]]; then
+  pass "the plugin pod's token ($plugin_sa, bound to $plugin_pod) cannot write a slice of another driver on its node, nor one of another node"
+else
+  fail "plugin token: other driver -> '$other_driver'; other node -> '$other_node'"
+fi
+# can_i KUBECONFIG VERB RESOURCE: yes or no from the API, as that identity.
+can_i() { "$BIN_DIR/kubectl" --kubeconfig "$1" auth can-i "${@:2}" 2>/dev/null || true; }
+op_kc="$("$HACK_DIR/cluster" sa-kubeconfig "$GNS" "$(k -n "$GNS" get deploy gpu-operator -o jsonpath='{.spec.template.spec.serviceAccountName}')")"
+lab_kc="$("$HACK_DIR/cluster" sa-kubeconfig "$GNS" "$(k -n "$GNS" get deploy gpu-operator-node-labeler -o jsonpath='{.spec.template.spec.serviceAccountName}')")"
+answers="operator: patch nodes=$(can_i "$op_kc" patch nodes), get secrets=$(can_i "$op_kc" get secrets -n "$GNS"), create daemonsets=$(can_i "$op_kc" create daemonsets -n "$GNS"); labeler: patch nodes=$(can_i "$lab_kc" patch nodes), create daemonsets=$(can_i "$lab_kc" create daemonsets -n "$GNS"), get secrets=$(can_i "$lab_kc" get secrets -n "$GNS")"
+if [[ "$answers" == "operator: patch nodes=no, get secrets=no, create daemonsets=yes; labeler: patch nodes=yes, create daemonsets=no, get secrets=no" ]]; then
+  pass "the operator's and the labeler's tokens can do what their Roles grant and no more ($answers)"
+else
+  fail "tokens' permissions: $answers"
+fi
+
 # gpu_pod NAME NODE COUNT: the guide's claim template and pod (COUNT GPUs), pinned to NODE, whose
 # container lists what it sees: nvidia-smi -L, its /dev/nvidia<minor> nodes, and NVML's library.
 gpu_pod() {

@@ -3,6 +3,8 @@
 
 /// The DRA driver name in ResourceSlices, claims' allocation results and DeviceClass selectors.
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
+/// The DRA driver name of ComputeDomain devices (the kubelet plugin pod's `compute-domains` container).
+pub const COMPUTE_DOMAIN_DRIVER_NAME: &str = "compute-domain.nvidia.com";
 /// The only `GPUCluster` name that is reconciled.
 pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
 /// Finalizer that holds a `GPUCluster` until claim consumers are drained.

@@ -1,12 +1,12 @@
 //! The DeviceClasses workloads reference in their claims.
 
 use api::GPUClusterSpec;
-use api::contract::{DRIVER_NAME, objects as o};
+use api::contract::{
+    COMPUTE_DOMAIN_DRIVER_NAME as COMPUTE_DOMAIN_DRIVER, DRIVER_NAME, objects as o,
+};
 use serde_json::json;
 
 use super::{Object, cluster_meta, typed};
-
-const COMPUTE_DOMAIN_DRIVER: &str = "compute-domain.nvidia.com";
 
 fn class(name: &str, expression: String) -> Object {
     Object::DeviceClass(typed(json!({

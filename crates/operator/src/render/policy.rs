@@ -1,12 +1,13 @@
 //! The admission policy that confines each kubelet plugin to its own node's ResourceSlices.
 
-use api::contract::objects as o;
+use api::contract::{COMPUTE_DOMAIN_DRIVER_NAME, DRIVER_NAME, objects as o};
 use serde_json::json;
 
 use super::{Object, cluster_meta, typed};
 
 /// A ValidatingAdmissionPolicy and its binding: the plugin's ServiceAccount may create, update or
-/// delete only slices whose `spec.nodeName` is the node its token was issued for.
+/// delete only slices whose `spec.nodeName` is the node its token was issued for, and only of our
+/// two drivers (GPUs and ComputeDomains).
 pub fn resource_slice_policy(namespace: &str) -> Vec<Object> {
     let user = format!(
         "system:serviceaccount:{namespace}:{}",
@@ -27,12 +28,16 @@ pub fn resource_slice_policy(namespace: &str) -> Vec<Object> {
                     "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"},
                 {"name": "objectNodeName", "expression":
                     "(request.operation == 'DELETE' ? oldObject : object).spec.?nodeName.orValue('')"},
+                {"name": "objectDriver", "expression":
+                    "(request.operation == 'DELETE' ? oldObject : object).spec.driver"},
             ],
             "validations": [
                 {"expression": "variables.userNodeName != ''",
                  "message": "the kubelet plugin's token carries no node name; it must run in a pod bound to a node (ServiceAccountTokenPodNodeInfo)"},
                 {"expression": "variables.userNodeName == variables.objectNodeName",
                  "messageExpression": "'this kubelet plugin runs on node ' + variables.userNodeName + ' and may only write ResourceSlices of that node, not of ' + (variables.objectNodeName == '' ? 'no node' : variables.objectNodeName)"},
+                {"expression": format!("variables.objectDriver in ['{DRIVER_NAME}', '{COMPUTE_DOMAIN_DRIVER_NAME}']"),
+                 "messageExpression": format!("'the kubelet plugin may only write ResourceSlices of the drivers {DRIVER_NAME} and {COMPUTE_DOMAIN_DRIVER_NAME}, not of ' + variables.objectDriver")},
             ],
         },
     });
