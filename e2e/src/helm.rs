@@ -152,16 +152,6 @@ pub fn with_kubeconfig(env: &Env, kubeconfig: PathBuf) -> Env {
     }
 }
 
-/// Runs kubectl with the given kubeconfig and returns its output.
-pub fn kubectl(kubeconfig: &Path, args: &[String]) -> anyhow::Result<Output> {
-    Command::new(cache_dir().join("bin/kubectl"))
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .output()
-        .context("running kubectl")
-}
-
 /// The install guide's "Validate Installation", as cluster admin: `kubectl get gpucluster` shows
 /// `gpu-cluster` `ready` (waits up to 2 minutes), the five NVIDIA DeviceClasses exist, and each
 /// `(node, gpus)` has ResourceSlices of `gpu.nvidia.com` with at least that many devices.

@@ -15,8 +15,8 @@ use api::GPUCluster;
 use api::contract::objects as o;
 use e2e::dra_node::DraNode;
 use e2e::helm::{
-    chart_dir, client_from, helm_ok, helm_output, helm_spawn, kubectl, sa_kubeconfig,
-    validate_installation, with_kubeconfig,
+    chart_dir, client_from, helm_ok, helm_output, helm_spawn, sa_kubeconfig, validate_installation,
+    with_kubeconfig,
 };
 use e2e::{Env, Process, eventually};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
@@ -562,16 +562,23 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         .as_ref()
         .and_then(|s| s.containers.first())
         .context("the hook pod has no container")?;
+    let hook = ["gpu-operator".to_owned(), "cleanup".to_owned()];
     ensure!(
-        container.command.as_deref() == Some(&["kubectl".to_owned()][..]),
-        "the hook runs {:?}, not kubectl",
+        container.command.as_deref() == Some(&hook[..]),
+        "the hook runs {:?}, not gpu-operator cleanup from our own image",
         container.command
     );
     let args = container.args.clone().unwrap_or_default();
-    let out = kubectl(&hook_kubeconfig, &args)?;
+    let out = std::process::Command::new(env.bin_dir.join("gpu-operator"))
+        .arg("cleanup")
+        .args(&args)
+        .env("KUBECONFIG", &hook_kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running gpu-operator cleanup")?;
     ensure!(
         out.status.success(),
-        "the cleanup hook's kubectl {args:?} failed: {}\noperator log:\n{}",
+        "the cleanup hook's gpu-operator cleanup {args:?} failed: {}\noperator log:\n{}",
         String::from_utf8_lossy(&out.stderr),
         operator.log_tail()
     );
