@@ -47,3 +47,39 @@ summary() {
   if ((failed)); then echo "RESULT: FAIL (cluster logs kept in $REPO_DIR/.cluster/$TEST_NAME-logs)"; else echo "RESULT: PASS"; fi
   echo "======================================================"
 }
+
+# finish_cluster_test RC TITLE CLEAN [LEFTOVERS]: the end of a cluster test, from its EXIT trap with
+# the exit code RC. Keeps the logs of a failed run (and $EVENTS, when set) in
+# .cluster/$TEST_NAME-logs, takes the cluster down, fails if a process of it is still alive or if the
+# command LEFTOVERS prints anything (what the host still holds), else passes "down in Ns: CLEAN";
+# then removes the state, prints the summary and exits.
+finish_cluster_test() {
+  local rc=$1 title=$2 clean=$3 leftovers=${4:-}
+  ((rc == 0 || failed)) || fail "aborted with exit code $rc (see the output above)"
+  local keep="$REPO_DIR/.cluster/$TEST_NAME-logs"
+  if ((failed)) && [[ -d "$CLUSTER_DIR/logs" ]]; then
+    rm -rf "$keep"
+    cp -r "$CLUSTER_DIR/logs" "$keep"
+    [[ -n "${EVENTS:-}" && -f "${EVENTS:-}" ]] && cp "$EVENTS" "$keep/"
+  fi
+  local pids=() t0=$SECONDS
+  [[ -d "$CLUSTER_DIR/pids" ]] && mapfile -t pids < <(cat "$CLUSTER_DIR"/pids/*.pid 2>/dev/null)
+  if "$HACK_DIR/cluster" down; then
+    local p alive=() left=""
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+    [[ -z "$leftovers" ]] || left="$("$leftovers")"
+    if ((${#alive[@]})); then
+      fail "down left processes running: ${alive[*]}"
+    elif [[ -n "$left" ]]; then
+      fail "down left host state behind: $left"
+    else
+      pass "down in $((SECONDS - t0))s: $clean"
+    fi
+  else
+    fail "hack/cluster down reported an error"
+  fi
+  rm -rf "$CLUSTER_DIR"
+  summary "$title"
+  ((failed == 0)) || exit 1
+  exit 0
+}

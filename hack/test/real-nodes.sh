@@ -45,38 +45,14 @@ host_state() {
 }
 BEFORE="$(host_state)"
 
+# host_diff: what the host holds after down that it did not before (nothing when clean).
+host_diff() { diff <(echo "$BEFORE") <(host_state) | tr '\n' ' ' || true; }
+
 cleanup() {
   local rc=$?
   # A pipeline's subshell may run the trap too; only the test's own shell cleans up.
   [[ "$BASHPID" == "$$" ]] || return "$rc"
-  ((rc == 0 || failed)) || fail "aborted with exit code $rc (see the output above)"
-  if ((failed)) && [[ -d "$CLUSTER_DIR/logs" ]]; then
-    rm -rf "$REPO_DIR/.cluster/real-nodes-logs"
-    cp -r "$CLUSTER_DIR/logs" "$REPO_DIR/.cluster/real-nodes-logs"
-    [[ -f "$EVENTS" ]] && cp "$EVENTS" "$REPO_DIR/.cluster/real-nodes-logs/"
-  fi
-  local pids=()
-  [[ -d "$CLUSTER_DIR/pids" ]] && mapfile -t pids < <(cat "$CLUSTER_DIR"/pids/*.pid 2>/dev/null)
-  local t0=$SECONDS
-  if "$HACK_DIR/cluster" down; then
-    local p alive=()
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
-    local after
-    after="$(host_state)"
-    if ((${#alive[@]})); then
-      fail "down left processes running: ${alive[*]}"
-    elif [[ "$after" != "$BEFORE" ]]; then
-      fail "down left host state behind: $(diff <(echo "$BEFORE") <(echo "$after") | tr '\n' ' ')"
-    else
-      pass "down in $((SECONDS - t0))s: no process, netns, link, cgroup, mount or firewall rule left behind"
-    fi
-  else
-    fail "hack/cluster down reported an error"
-  fi
-  rm -rf "$CLUSTER_DIR"
-  summary "real-node test"
-  ((failed == 0)) || exit 1
-  exit 0
+  finish_cluster_test "$rc" "real-node test" "no process, netns, link, cgroup, mount or firewall rule left behind" host_diff
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

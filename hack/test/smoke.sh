@@ -30,30 +30,11 @@ PLUGIN_PID=""
 
 cleanup() {
   local rc=$?
-  ((rc == 0 || failed)) || fail "aborted with exit code $rc (see the output above)"
   if [[ -n "$PLUGIN_PID" ]]; then
     kill -TERM "$PLUGIN_PID" 2>/dev/null || true
     wait "$PLUGIN_PID" 2>/dev/null || true
   fi
-  # Keep the logs of a failed run for diagnosis; `down` removes the cluster state.
-  if ((failed)) && [[ -d "$CLUSTER_DIR/logs" ]]; then
-    rm -rf "$REPO_DIR/.cluster/smoke-logs"
-    cp -r "$CLUSTER_DIR/logs" "$REPO_DIR/.cluster/smoke-logs"
-    [[ -f "$EVENTS" ]] && cp "$EVENTS" "$REPO_DIR/.cluster/smoke-logs/"
-  fi
-  local pids=()
-  [[ -d "$CLUSTER_DIR/pids" ]] && mapfile -t pids < <(cat "$CLUSTER_DIR"/pids/*.pid 2>/dev/null)
-  if "$HACK_DIR/cluster" down; then
-    local p alive=()
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
-    if ((${#alive[@]})); then fail "down left processes running: ${alive[*]}"; else pass "down: no process and no port left behind"; fi
-  else
-    fail "hack/cluster down reported an error"
-  fi
-  rm -rf "$CLUSTER_DIR"
-  summary "cluster smoke test"
-  ((failed == 0)) || exit 1
-  exit 0
+  finish_cluster_test "$rc" "cluster smoke test" "no process and no port left behind"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
