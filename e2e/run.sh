@@ -27,4 +27,4 @@ hack/cluster up
 export E2E_KUBECONFIG="$CLUSTER_DIR/kubeconfig" E2E_CLUSTER_DIR="$CLUSTER_DIR"
 export E2E_BIN_DIR="$CARGO_TARGET_DIR/debug"
 export E2E_LOG_DIR="$CLUSTER_DIR/logs/e2e"
-cargo test -p e2e --locked -- --test-threads=1 --nocapture
+cargo test -p e2e --locked -- --include-ignored --test-threads=1 --nocapture

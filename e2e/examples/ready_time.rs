@@ -23,7 +23,7 @@ async fn main() -> anyhow::Result<()> {
             .and_then(|a| a.parse().ok())
             .unwrap_or(60),
     );
-    let env = Env::from_env("ready_time").ok_or_else(|| anyhow::anyhow!("set E2E_KUBECONFIG"))?;
+    let env = Env::from_env()?;
     let client = env.client().await?;
     install_crd(&client).await?;
     let apply = PatchParams::apply("bench").force();

@@ -47,8 +47,7 @@ async fn main() -> anyhow::Result<()> {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1000);
-    let env =
-        Env::from_env("scale").ok_or_else(|| anyhow::anyhow!("run through make bench-scale"))?;
+    let env = Env::from_env()?;
     let client = env.client().await?;
     install_crd(&client).await?;
     let apply = PatchParams::apply("bench").force();

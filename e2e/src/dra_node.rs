@@ -18,8 +18,6 @@ pub struct DraNode {
     pub name: String,
     /// Where CDI specs for this node's claims are written.
     pub cdi_root: PathBuf,
-    /// The plugin's checkpoint file.
-    pub checkpoint: PathBuf,
     /// The plugin process.
     pub plugin: Process,
     fake: FakeNode,
@@ -54,11 +52,6 @@ impl DraNode {
         Ok(DraNode {
             name: node.to_owned(),
             cdi_root,
-            checkpoint: env
-                .kubelet_dir(node)
-                .join("plugins")
-                .join(api::contract::DRIVER_NAME)
-                .join("checkpoint.json"),
             plugin,
             fake,
         })
@@ -106,63 +99,5 @@ impl DraNode {
         self.plugin.kill();
         self.plugin = Self::spawn_plugin(env, &self.name, &self.fake, &self.cdi_root)?;
         Ok(())
-    }
-
-    /// The checkpointed state (`PrepareStarted`, `PrepareCompleted`) of claim `uid`, if any.
-    pub fn checkpointed(&self, uid: &str) -> Option<String> {
-        let bytes = std::fs::read(&self.checkpoint).ok()?;
-        let envelope: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        envelope["payload"]["claims"][uid]["state"]
-            .as_str()
-            .map(str::to_owned)
-    }
-
-    /// Turns every MIG capability `access` file of this node's `/proc` into a FIFO nobody writes:
-    /// a prepare that reads one blocks after its `PrepareStarted` is checkpointed, which holds the
-    /// plugin mid-prepare for a crash test. Returns the files' contents for [`Self::unstall_mig_caps`].
-    pub fn stall_mig_caps(&self) -> anyhow::Result<Vec<(PathBuf, Vec<u8>)>> {
-        let mut saved = Vec::new();
-        let mut dirs = vec![
-            self.fake
-                .host_root()
-                .join("proc/driver/nvidia/capabilities"),
-        ];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir)? {
-                let path = entry?.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.file_name() == Some("access".as_ref()) {
-                    saved.push((path.clone(), std::fs::read(&path)?));
-                    std::fs::remove_file(&path)?;
-                    let made = Command::new("mkfifo").arg(&path).status()?;
-                    ensure!(made.success(), "mkfifo {}", path.display());
-                }
-            }
-        }
-        ensure!(
-            !saved.is_empty(),
-            "{} has no MIG capability files",
-            self.name
-        );
-        Ok(saved)
-    }
-
-    /// Puts back the files [`Self::stall_mig_caps`] replaced.
-    pub fn unstall_mig_caps(&self, saved: &[(PathBuf, Vec<u8>)]) -> anyhow::Result<()> {
-        for (path, bytes) in saved {
-            std::fs::remove_file(path)?;
-            std::fs::write(path, bytes)?;
-        }
-        Ok(())
-    }
-
-    /// The CDI spec files currently on this node.
-    pub fn cdi_specs(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.cdi_root)
-            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
-        files.sort();
-        files
     }
 }

@@ -1,6 +1,7 @@
 //! Shared harness of the end-to-end tests. They run against the local cluster that `make test-e2e`
-//! brings up (`hack/cluster`), with our binaries as host processes. Without that cluster (plain
-//! `cargo test`) each test prints why it is skipped and passes.
+//! brings up (`hack/cluster`), with our binaries as host processes. They are `#[ignore]`d, so a plain
+//! `cargo test` lists them as ignored; `e2e/run.sh` runs them with `--include-ignored`, and run
+//! without the cluster they fail, saying so.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -29,11 +30,12 @@ pub struct Env {
 }
 
 impl Env {
-    /// The environment `make test-e2e` sets, or `None` (with a printed reason) outside it.
-    pub fn from_env(test: &str) -> Option<Env> {
+    /// The environment `make test-e2e` sets; an error that says how to run the tests outside it.
+    pub fn from_env() -> anyhow::Result<Env> {
         let Some(kubeconfig) = std::env::var_os("E2E_KUBECONFIG") else {
-            eprintln!("{test}: skipped: E2E_KUBECONFIG is not set (run `make test-e2e`)");
-            return None;
+            bail!(
+                "E2E_KUBECONFIG is not set: the e2e tests need the local cluster; run `make test-e2e`"
+            );
         };
         let bin_dir = std::env::var_os("E2E_BIN_DIR")
             .map(PathBuf::from)
@@ -58,38 +60,13 @@ impl Env {
             })
             .unwrap_or_default()
             .join("bin");
-        Some(Env {
+        Ok(Env {
             kubeconfig,
             cluster_dir,
             bin_dir,
             log_dir,
             tools_dir,
         })
-    }
-
-    /// Loads every spec in `spec_dir` with the container runtimes' CDI library
-    /// (`hack/cmd/cdi-validate`) and checks that each of `ids` resolves there; the error holds the
-    /// tool's findings.
-    pub fn cdi_validate(&self, spec_dir: &Path, ids: &[String]) -> anyhow::Result<()> {
-        let tool = self.tools_dir.join("cdi-validate");
-        let mut cmd = Command::new(&tool);
-        for id in ids {
-            cmd.arg("-id").arg(id);
-        }
-        let out = cmd.arg(spec_dir).output().with_context(|| {
-            format!(
-                "running {} (build it with `make hack-tools`)",
-                tool.display()
-            )
-        })?;
-        anyhow::ensure!(
-            out.status.success(),
-            "cdi-validate rejected {}:\n{}{}",
-            spec_dir.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
     }
 
     /// A client for the cluster, as cluster admin.

@@ -52,10 +52,9 @@ fn has_dra_plane(node: &Node) -> bool {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: make test-e2e runs it"]
 async fn node_labeler_on_the_local_cluster() -> anyhow::Result<()> {
-    let Some(env) = Env::from_env("node_labeler_on_the_local_cluster") else {
-        return Ok(());
-    };
+    let env = Env::from_env()?;
     let client = env.client().await?;
     install_crd(&client).await?;
     let nodes: Api<Node> = Api::all(client.clone());

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Real-node test (make test-real-nodes). Brings up its own cluster with two real nodes (a real kubelet,
-# containerd v2 + runc, CNI and kube-proxy each, in namespaces of their own) beside one KWOK node, on
-# free ports. First what the product's pods rely on: pods run from locally imported images; `kubectl
-# logs` and `exec` work; a pod reaches the API through the `kubernetes` Service and a pod on the other
-# node; a DRA claim allocated by the scheduler is prepared by a plugin registered with the real
-# kubelet, and containerd injects the claim's CDI device into the container. Then the install guide on
-# those nodes: the chart from the images of `make images` (debug build), the GPUCluster ready, the
-# guide's pod listing its one GPU, a two-GPU claim, a kubelet restart, and an uninstall that leaves
-# no pod, claim, CDI spec or checkpoint entry. On exit, pass or fail, it takes the cluster down and
-# checks that no process, network namespace, link, cgroup, mount or firewall rule is left.
+# Real-node test (make test-real-nodes). Brings up its own cluster with three real nodes (a real
+# kubelet, containerd v2 + runc, CNI and kube-proxy each, in namespaces of their own; mock H100s, L4s
+# and MIG-enabled A100s) beside one KWOK node, on free ports. First what the product's pods rely on:
+# pods run from locally imported images; `kubectl logs` and `exec` work; a pod reaches the API through
+# the `kubernetes` Service and a pod on the other node; a DRA claim allocated by the scheduler is
+# prepared by a plugin registered with the real kubelet, and containerd injects the claim's CDI device
+# into the container. Then the install guide and the DRA stack's scenarios on those nodes: the chart
+# from the images of `make images` (debug build), the GPUCluster ready, the guide's pod listing its one
+# GPU, a two-GPU claim, a kubelet restart, CEL selection by product and memory, the exporter's
+# admin-access claim, the plugin pod replaced under a prepared claim, a MIG claim, the plugin SIGKILLed
+# mid-prepare, a mode switch under a running pod, and an uninstall that leaves no pod, claim, CDI spec
+# or checkpoint entry. On exit, pass or fail, it takes the cluster down and checks that no process,
+# network namespace, link, cgroup, mount or firewall rule is left.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +23,9 @@ source "$HACK_DIR/test/lib.sh"
 PORT_BASE="$(free_port_base 41000 real)"
 export PORT_BASE
 export CLUSTER_DIR="$REPO_DIR/.cluster/real-$PORT_BASE"
-export NODES=1 CPU_NODES=0 REAL_NODES=2 REAL_GPUS="h100-sxm5-80gb:4 l4:2"
+# Three products on three real nodes, the last with MIG enabled (it publishes MIG devices only).
+export NODES=1 CPU_NODES=0 REAL_NODES=3 REAL_GPUS="h100-sxm5-80gb:4 l4:2 a100-sxm4-40gb-mig-mixed:2"
+MIG_NODE=real-gpu-2
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 IMAGE=gpu-operator-rs.dev/test/busybox:1
 DRIVER=gpu.fake.example.com
@@ -60,7 +65,7 @@ trap 'exit 130' INT TERM
 # --- cluster up -------------------------------------------------------------------------------------
 t0=$SECONDS
 "$HACK_DIR/cluster" up
-pass "cluster up: 2 real nodes and 1 KWOK node Ready in $((SECONDS - t0))s"
+pass "cluster up: 3 real nodes and 1 KWOK node Ready in $((SECONDS - t0))s"
 eval "$("$HACK_DIR/real-node" net-env)"
 
 info="$(k get node real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion} {.metadata.labels.nvidia\.com/gpu\.product} {.status.addresses[0].address}{"\n"}{end}')"
@@ -107,6 +112,7 @@ else
 fi
 if wait_until 60 pod_running server; then
   server_ip="$(k -n "$NS" get pod server -o jsonpath='{.status.podIP}')"
+  # shellcheck disable=SC2016 # expanded by the container's shell
   out="$(k -n "$NS" exec server -- sh -c 'echo exec-ok $(cat /etc/hostname)' 2>&1 || true)"
   if [[ "$out" == "exec-ok server" ]]; then pass "kubectl exec into a pod on real-gpu-0"; else fail "kubectl exec: $out"; fi
   k apply -f - >/dev/null <<EOF
@@ -214,8 +220,11 @@ if wait_until 90 pod_done gpu-pod && [[ "$(phase gpu-pod)" == Succeeded ]]; then
 else
   fail "gpu-pod: phase $(phase gpu-pod); plugin events: $(tr '\n' ' ' <"$EVENTS"); $(k -n "$NS" describe pod gpu-pod | tail -4 | tr '\n' ' ')"
 fi
-grep -q " prepare $NS/gpu uid=$uid" "$EVENTS" && pass "NodePrepareResources from the real kubelet for $NS/gpu" ||
+if grep -q " prepare $NS/gpu uid=$uid" "$EVENTS"; then
+  pass "NodePrepareResources from the real kubelet for $NS/gpu"
+else
   fail "no NodePrepareResources for $NS/gpu in the plugin's event log"
+fi
 k -n "$NS" delete pod gpu-pod --wait=false >/dev/null
 if wait_until 90 grep -q " unprepare $NS/gpu uid=$uid" "$EVENTS"; then
   pass "NodeUnprepareResources once the pod was deleted"
@@ -227,8 +236,12 @@ fi
 k delete namespace "$NS" --wait=false >/dev/null
 k delete deviceclass fake-gpu >/dev/null
 k delete resourceslice real-gpu-0-fake >/dev/null
+rm "$CLUSTER_DIR/nodes/real-gpu-0/run/cdi/$DRIVER-fake.yaml"
 # The KWOK node would take the operator's pods without running them: keep it out of the way.
 k taint node gpu-node-0 gpu-operator-rs.dev/fake=true:NoSchedule >/dev/null
+# The MIG node publishes MIG devices only, which the validator's and the exporter's whole-GPU claims
+# cannot use: an admin turns those operands off there, and the labeler honours that.
+k label node "$MIG_NODE" nvidia.com/gpu.deploy.dra-validator=false nvidia.com/gpu.deploy.dcgm-exporter-dra=false >/dev/null
 images="$CLUSTER_DIR/images"
 PROFILE=debug IMAGES_OUT="$images" "$HACK_DIR/images.sh" >/dev/null
 IMAGES_DIR="$images" "$HACK_DIR/cluster" load-images
@@ -246,6 +259,20 @@ else
   exit 1
 fi
 
+counts="$(k get gpucluster gpu-cluster -o jsonpath='{.status.nodes.gpu} {.status.nodes.dra} {.status.nodes.readyDra}')"
+# The KWOK node counts as a GPU node in dra mode; its plugin pod, kept off by the taint, is not ready.
+if [[ "$counts" == "4 4 3" ]]; then
+  pass "GPUCluster status: 4 GPU nodes, 4 in dra mode, the 3 real ones with their plugin ready"
+else
+  fail "GPUCluster status.nodes (gpu dra readyDra): $counts"
+fi
+classes="$(k get deviceclasses -o jsonpath='{.items[*].metadata.name}')"
+if [[ "$classes" == "compute-domain-daemon.nvidia.com compute-domain-default-channel.nvidia.com gpu.nvidia.com mig.nvidia.com vfio.gpu.nvidia.com" ]]; then
+  pass "the guide's DeviceClasses: $classes"
+else
+  fail "DeviceClasses: $classes"
+fi
+
 # The init container (the validator image's user overridden to root) wrote driver-ready on the node.
 ready_file="$CLUSTER_DIR/nodes/real-gpu-0/run/nvidia/validations/driver-ready"
 if grep -q '^IS_HOST_DRIVER=true$' "$ready_file" 2>/dev/null && grep -q '^NVIDIA_DRIVER_ROOT=/$' "$ready_file"; then
@@ -254,10 +281,12 @@ else
   fail "driver-ready on real-gpu-0: $(tr '\n' ' ' <"$ready_file" 2>&1)"
 fi
 slice_uuids() { k get resourceslices --field-selector "spec.nodeName=$1,spec.driver=gpu.nvidia.com" -o jsonpath='{range .items[*].spec.devices[*]}{.attributes.uuid.string}{"\n"}{end}'; }
-if [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; then
-  pass "gpu-kubelet-plugin pods registered with the real kubelets and published 4 + 2 GPUs"
+slice_devices() { k get resourceslices --field-selector "spec.nodeName=$1,spec.driver=gpu.nvidia.com" -o jsonpath='{range .items[*].spec.devices[*]}{.name}{"\n"}{end}'; }
+migs="$(slice_devices "$MIG_NODE" | grep -c -- '-mig-' || true)"
+if [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]] && ((migs > 1)); then
+  pass "gpu-kubelet-plugin pods registered with the real kubelets and published 4 + 2 GPUs and $migs MIG devices"
 else
-  fail "ResourceSlices: real-gpu-0 $(slice_uuids real-gpu-0 | wc -l), real-gpu-1 $(slice_uuids real-gpu-1 | wc -l) GPUs"
+  fail "ResourceSlices: real-gpu-0 $(slice_uuids real-gpu-0 | wc -l), real-gpu-1 $(slice_uuids real-gpu-1 | wc -l) GPUs, $MIG_NODE $migs MIG devices"
 fi
 
 # RBAC and admission as our pods' own tokens see them.
@@ -291,50 +320,76 @@ else
   fail "tokens' permissions: $answers"
 fi
 
-# gpu_pod NAME NODE COUNT: the guide's claim template and pod (COUNT GPUs), pinned to NODE, whose
-# container lists what it sees: nvidia-smi -L, its /dev/nvidia<minor> nodes, and NVML's library.
+# gpu_pod NAME NODE COUNT [CLASS [CEL [SCRIPT]]]: the guide's claim template and pod, COUNT devices of
+# CLASS (gpu.nvidia.com), CEL an extra selector, pinned to NODE unless it is empty; its container runs
+# SCRIPT, by default LIST_GPUS: nvidia-smi -L, its /dev/nvidia<minor> nodes, and NVML's library.
+LIST_GPUS="nvidia-smi -L; ls /dev | grep '^nvidia[0-9]'; test -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 && echo nvml-present"
 gpu_pod() {
+  local name=$1 node=$2 count=$3 class=${4:-gpu.nvidia.com} cel=${5:-} script=${6:-$LIST_GPUS} pin="" select=""
+  [[ -n "$node" ]] && pin="nodeSelector: {kubernetes.io/hostname: $node}"
+  [[ -n "$cel" ]] && select="selectors: [{cel: {expression: \"$cel\"}}]"
   k apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
-metadata: {name: $1, namespace: default}
+metadata: {name: $name, namespace: default}
 spec:
   spec:
     devices:
       requests:
       - name: gpu
-        exactly: {deviceClassName: gpu.nvidia.com, allocationMode: ExactCount, count: $3}
+        exactly:
+          deviceClassName: $class
+          allocationMode: ExactCount
+          count: $count
+          $select
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: $1, namespace: default}
+metadata: {name: $name, namespace: default}
 spec:
   restartPolicy: Never
-  nodeSelector: {kubernetes.io/hostname: $2}
-  resourceClaims: [{name: gpu, resourceClaimTemplateName: $1}]
+  terminationGracePeriodSeconds: 1
+  $pin
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: $name}]
   containers:
   - name: workload
     image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
-    command: ["sh", "-c", "nvidia-smi -L; ls /dev | grep '^nvidia[0-9]'; test -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 && echo nvml-present"]
+    command: ["sh", "-c", "$script"]
     resources:
       claims: [{name: gpu}]
 EOF
 }
 pod_phase() { k -n default get pod "$1" -o jsonpath='{.status.phase}'; }
+pod_node() { k -n default get pod "$1" -o jsonpath='{.spec.nodeName}'; }
 finished() { [[ "$(pod_phase "$1")" == Succeeded || "$(pod_phase "$1")" == Failed ]]; }
-# check_gpu_pod NAME NODE COUNT: the pod succeeded and saw exactly COUNT of NODE's GPUs, nothing else.
+running() { [[ "$(pod_phase "$1")" == Running ]]; }
+# claim_uid POD: the uid of the claim made for POD from its template.
+claim_uid() {
+  local claim
+  claim="$(k -n default get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')"
+  [[ -n "$claim" ]] && k -n default get resourceclaim "$claim" -o jsonpath='{.metadata.uid}'
+}
+# cdi_valid NODE UID DEVICE: the runtimes' own CDI library loads every spec of NODE and resolves the
+# claim's device in it (hack/cmd/cdi-validate).
+cdi_valid() { "$BIN_DIR/cdi-validate" -id "k8s.gpu.nvidia.com/claim=$2-$3" "$CLUSTER_DIR/nodes/$1/run/cdi" >/dev/null; }
+cdi_spec() { echo "$CLUSTER_DIR/nodes/$1/run/cdi/k8s.gpu.nvidia.com-claim_$2.yaml"; } # NODE UID
+# check_gpu_pod NAME NODES COUNT: the pod succeeded on one of NODES (a|b) and saw exactly COUNT of that
+# node's GPUs, nothing else.
 check_gpu_pod() {
-  local name=$1 node=$2 count=$3 log uuids seen devs known=1 u
+  local name=$1 nodes=$2 count=$3 node log uuids seen devs known=1 u
   if ! wait_until 120 finished "$name" || [[ "$(pod_phase "$name")" != Succeeded ]]; then
-    fail "$name on $node: $(pod_phase "$name"); $(k -n default describe pod "$name" | tail -4 | tr '\n' ' ')"
+    fail "$name: $(pod_phase "$name"); $(k -n default describe pod "$name" | tail -4 | tr '\n' ' ')"
     return
   fi
+  node="$(pod_node "$name")"
   log="$(k -n default logs "$name")"
   uuids="$(slice_uuids "$node")"
   seen="$(grep -c '^GPU [0-9]*: NVIDIA .* (UUID: GPU-' <<<"$log" || true)"
   devs="$(grep -c '^nvidia[0-9]*$' <<<"$log" || true)"
-  for u in $(grep -o 'GPU-[0-9a-f-]*' <<<"$log"); do grep -qx "$u" <<<"$uuids" || known=0; done
-  if [[ "$seen" == "$count" && "$devs" == "$count" && "$known" == 1 ]] && grep -q '^nvml-present$' <<<"$log"; then
+  while read -r u; do grep -qx "$u" <<<"$uuids" || known=0; done < <(grep -o 'GPU-[0-9a-f-]*' <<<"$log")
+  if [[ "|$nodes|" != *"|$node|"* ]]; then
+    fail "$name ran on $node, not on $nodes"
+  elif [[ "$seen" == "$count" && "$devs" == "$count" && "$known" == 1 ]] && grep -q '^nvml-present$' <<<"$log"; then
     pass "$name on $node: nvidia-smi -L lists exactly its $count GPU(s) of that node, $count /dev/nvidia<minor>, libnvidia-ml.so.1 injected: $(grep '^GPU' <<<"$log" | tr '\n' ';')"
   else
     fail "$name on $node: expected $count GPU(s) of the node, got: $(tr '\n' ';' <<<"$log")"
@@ -361,6 +416,148 @@ fi
 gpu_pod after-restart real-gpu-0 1
 check_gpu_pod after-restart real-gpu-0 1
 
+# CEL selection: by product name, the L4 node; by memory (at least 70 GiB), the H100 node.
+gpu_pod l4-workload "" 1 gpu.nvidia.com "device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('l4')"
+check_gpu_pod l4-workload real-gpu-1 1
+gpu_pod big-memory "" 1 gpu.nvidia.com "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0"
+check_gpu_pod big-memory real-gpu-0 1
+k -n default delete pod l4-workload big-memory --wait=false >/dev/null
+
+# The plugin pod deleted under a running pod's prepared claim: its DaemonSet brings it back, the slices
+# return, the claim's CDI spec and the pod stay, and the new plugin unprepares the claim later.
+plugin_on() { k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector "spec.nodeName=$1" -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[?(@.name=="gpus")].ready}{"\n"}{end}'; }
+gpu_pod held real-gpu-0 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
+if wait_until 120 running held; then
+  uid="$(claim_uid held)"
+  spec="$(cdi_spec real-gpu-0 "$uid")"
+  # The exporter's admin-access claim holds every GPU of the node, the workload's included.
+  device="$(k -n default get resourceclaims -o jsonpath="{.items[?(@.metadata.uid==\"$uid\")].status.allocation.devices.results[0].device}")"
+  shared="$(k -n "$GNS" get resourceclaims -o json | python3 -c '
+import json, sys
+node, device = sys.argv[1:]
+for c in json.load(sys.stdin)["items"]:
+    results = ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    if c["metadata"]["name"].startswith("nvidia-dcgm-exporter-dra") and results and all(r.get("adminAccess") for r in results) \
+            and any(r["pool"] == node and r["device"] == device for r in results):
+        print(c["metadata"]["name"])' real-gpu-0 "$device")"
+  if [[ -n "$device" && -n "$shared" ]]; then
+    pass "the exporter's admin-access claim $shared also holds $device, the workload's GPU"
+  else
+    fail "no admin-access exporter claim holds real-gpu-0's '$device'"
+  fi
+  if cdi_valid real-gpu-0 "$uid" "$device"; then
+    pass "the runtimes' CDI library (cdi-validate) loads real-gpu-0's specs and resolves the claim's device"
+  else
+    fail "cdi-validate on real-gpu-0: $(cdi_valid real-gpu-0 "$uid" "$device" 2>&1 | tail -3)"
+  fi
+  old="$(plugin_on real-gpu-0 | cut -d' ' -f1)"
+  k -n "$GNS" delete pod "$old" --wait=false >/dev/null
+  back() { local p; p="$(plugin_on real-gpu-0)"; [[ -n "$p" && "$p" != "$old "* && "$p" == *" true" && "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 ]]; }
+  if [[ -f "$spec" ]] && wait_until 120 back && [[ -f "$spec" && "$(pod_phase held)" == Running ]] &&
+    [[ "$(k -n default get pod held -o jsonpath='{.status.containerStatuses[0].restartCount}')" == 0 ]]; then
+    pass "plugin pod $old deleted under a running claim: $(plugin_on real-gpu-0 | cut -d' ' -f1) took over, 4 GPUs published again, CDI spec and pod kept"
+  else
+    fail "plugin pod replaced under a running claim: plugin $(plugin_on real-gpu-0 | tr '\n' ' '), spec $(ls "$spec" 2>&1), held $(pod_phase held)"
+  fi
+  k -n default delete pod held --wait=false >/dev/null
+  if wait_until 90 test ! -e "$spec"; then
+    pass "the new plugin unprepared the claim once its pod was deleted (CDI spec removed)"
+  else
+    fail "CDI spec $spec still there 90 s after its pod was deleted"
+  fi
+else
+  fail "held on real-gpu-0: $(pod_phase held); $(k -n default describe pod held | tail -4 | tr '\n' ' ')"
+fi
+
+# MIG through mig.nvidia.com: the container gets its parent GPU's node and the MIG device's two
+# capability nodes (GPU instance, compute instance), made by the runtime from the CDI spec.
+MIG_SH="ls /dev/nvidia-caps; ls /dev | grep '^nvidia[0-9]'; nvidia-smi -L"
+gpu_pod mig-workload "" 1 mig.nvidia.com "" "$MIG_SH; sleep 3600"
+if wait_until 120 running mig-workload; then
+  log="$(k -n default logs mig-workload)"
+  mig_uid="$(claim_uid mig-workload)"
+  mig_device="$(k -n default get resourceclaims -o jsonpath="{.items[?(@.metadata.uid==\"$mig_uid\")].status.allocation.devices.results[0].device}")"
+  cdi_valid "$MIG_NODE" "$mig_uid" "$mig_device" || fail "cdi-validate rejected the MIG claim's spec ($mig_device)"
+  if [[ "$(pod_node mig-workload)" == "$MIG_NODE" && "$(grep -c '^nvidia-cap[0-9]*$' <<<"$log")" == 2 && "$(grep -c '^nvidia[0-9]*$' <<<"$log")" == 1 ]] &&
+    grep -q '^GPU 0: NVIDIA A100' <<<"$log"; then
+    pass "mig-workload on $MIG_NODE: a MIG device with its 2 capability nodes and its parent GPU: $(tr '\n' ' ' <<<"$log")"
+  else
+    fail "mig-workload on $(pod_node mig-workload): $(tr '\n' ' ' <<<"$log")"
+  fi
+else
+  fail "mig-workload: $(pod_phase mig-workload); $(k -n default describe pod mig-workload | tail -4 | tr '\n' ' ')"
+fi
+
+# The plugin SIGKILLed between PrepareStarted and PrepareCompleted of a second MIG claim: the claim
+# is rolled back when the plugin starts again (no CDI spec left of the attempt), the completed one is
+# kept, and the kubelet's retry prepares the second claim. The capability files turned into FIFOs
+# that nobody writes hold the prepare after its first checkpoint write.
+caps="$CLUSTER_DIR/nodes/$MIG_NODE/driver/proc/driver/nvidia/capabilities"
+checkpoint="$CLUSTER_DIR/nodes/$MIG_NODE/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
+checkpointed() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["payload"]["claims"].get(sys.argv[2], {}).get("state", ""))' "$checkpoint" "$1" 2>/dev/null; }
+rm -rf "$CLUSTER_DIR/caps-saved" && cp -a "$caps" "$CLUSTER_DIR/caps-saved"
+find "$caps" -name access -exec sh -c 'rm "$1" && mkfifo "$1"' _ {} \;
+gpu_pod mig-crash "" 1 mig.nvidia.com "" "$MIG_SH; sleep 3600"
+started() { crash_uid="$(claim_uid mig-crash)" && [[ -n "$crash_uid" && "$(checkpointed "$crash_uid")" == PrepareStarted ]]; }
+if wait_until 90 started; then
+  mig_plugin="$(plugin_on "$MIG_NODE" | cut -d' ' -f1)"
+  container="$(k -n "$GNS" get pod "$mig_plugin" -o jsonpath='{.status.containerStatuses[?(@.name=="gpus")].containerID}')"
+  # The files back first: the held prepare stays blocked on the FIFO it opened until the kill.
+  rm -rf "$caps" && cp -a "$CLUSTER_DIR/caps-saved" "$caps"
+  "$HACK_DIR/cluster" node-exec "$MIG_NODE" "$BIN_DIR/ctr" --address /run/containerd/containerd.sock -n k8s.io \
+    tasks kill -s SIGKILL "${container#containerd://}" 2> >(grep -v 'cgroup v1' >&2)
+  crash_spec="$(cdi_spec "$MIG_NODE" "$crash_uid")"
+  [[ -e "$crash_spec" ]] && fail "the held prepare wrote its CDI spec before the kill"
+  rolled_back() { k -n "$GNS" logs "$mig_plugin" -c gpus 2>/dev/null | grep 'rolled back' | grep -q "$crash_uid"; }
+  if wait_until 120 running mig-crash && rolled_back && [[ "$(checkpointed "$crash_uid")" == PrepareCompleted && "$(checkpointed "$mig_uid")" == PrepareCompleted ]]; then
+    specs="$(find "$(dirname "$crash_spec")" -name 'k8s.gpu.nvidia.com-claim_*' -printf '%f\n' | sort | tr '\n' ' ')"
+    want="$(printf '%s\n' "$(basename "$(cdi_spec "$MIG_NODE" "$mig_uid")")" "$(basename "$crash_spec")" | sort | tr '\n' ' ')"
+    if [[ "$specs" == "$want" ]]; then
+      pass "plugin SIGKILLed mid-prepare on $MIG_NODE: the half-prepared claim rolled back at restart and prepared again on the kubelet's retry; both claims PrepareCompleted, one CDI spec each"
+    else
+      fail "CDI specs on $MIG_NODE after the crash: $specs (want $want)"
+    fi
+  else
+    fail "after the crash: mig-crash $(pod_phase mig-crash), rolled back logged: $(rolled_back && echo yes || echo no), checkpoint $(checkpointed "$crash_uid")/$(checkpointed "$mig_uid")"
+  fi
+else
+  rm -rf "$caps" && cp -a "$CLUSTER_DIR/caps-saved" "$caps"
+  fail "the second MIG claim never reached PrepareStarted: $(tr -d '\n' <"$checkpoint" 2>&1 | head -c 400)"
+fi
+k -n default delete pod mig-workload mig-crash --wait=false >/dev/null
+no_mig_specs() { ! compgen -G "$CLUSTER_DIR/nodes/$MIG_NODE/run/cdi/k8s.gpu.nvidia.com-claim_*" >/dev/null; }
+wait_until 90 no_mig_specs || fail "MIG claims' CDI specs left after their pods were deleted"
+
+# Switching a node with a running GPU pod to device-plugin: the validator and exporter leave at once,
+# the DRA plugin stays until the pod is gone, then leaves too; switched back, it returns.
+label_of() { k get node "$1" -o jsonpath="{.metadata.labels.nvidia\.com/gpu\.deploy\.$2}"; }
+gpu_pod switch real-gpu-1 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
+if wait_until 120 running switch; then
+  k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=device-plugin --overwrite >/dev/null
+  deferred() { [[ -z "$(label_of real-gpu-1 dra-validator)" && "$(label_of real-gpu-1 dra-driver)" == true ]]; }
+  if wait_until 60 deferred && sleep 5 && deferred && [[ -n "$(plugin_on real-gpu-1)" ]]; then
+    pass "mode switched to device-plugin under a running GPU pod: consumers' labels gone, the DRA plugin kept"
+  else
+    fail "switch under a running pod: dra-validator '$(label_of real-gpu-1 dra-validator)', dra-driver '$(label_of real-gpu-1 dra-driver)'"
+  fi
+  k -n default delete pod switch --wait=false >/dev/null
+  driver_gone() { [[ -z "$(label_of real-gpu-1 dra-driver)" && -z "$(plugin_on real-gpu-1)" ]]; }
+  if wait_until 120 driver_gone; then
+    pass "once the pod left, the DRA plugin left real-gpu-1"
+  else
+    fail "dra-driver '$(label_of real-gpu-1 dra-driver)', plugin $(plugin_on real-gpu-1) after the pod left"
+  fi
+  k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
+  returned() { [[ "$(plugin_on real-gpu-1)" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
+  if wait_until 120 returned; then
+    pass "switched back to dra: the plugin returned to real-gpu-1 and published its 2 GPUs"
+  else
+    fail "switched back to dra: plugin '$(plugin_on real-gpu-1)', $(slice_uuids real-gpu-1 | wc -l) GPUs"
+  fi
+else
+  fail "switch on real-gpu-1: $(pod_phase switch)"
+fi
+
 # Uninstall: nothing of ours is left on the nodes or in the API.
 k -n default delete pod gpu-workload two-gpus after-restart --wait=true >/dev/null
 t0=$SECONDS
@@ -378,5 +575,5 @@ if wait_until 120 ns_empty && wait_until 60 no_specs && wait_until 60 no_entries
   [[ -z "$(k get gpucluster --no-headers 2>/dev/null)" ]]; then
   pass "helm uninstall in $((SECONDS - t0))s leaves no pod, claim, GPUCluster, CDI spec or checkpoint entry"
 else
-  fail "after uninstall: $(k -n "$GNS" get pods,resourceclaims --no-headers 2>&1 | tr '\n' ';') specs: $(ls "$CLUSTER_DIR"/nodes/real-gpu-*/run/cdi/ 2>&1 | tr '\n' ' ')"
+  fail "after uninstall: $(k -n "$GNS" get pods,resourceclaims --no-headers 2>&1 | tr '\n' ';') specs: $(find "$CLUSTER_DIR"/nodes/real-gpu-*/run/cdi/ -type f 2>&1 | tr '\n' ' ')"
 fi
