@@ -21,9 +21,13 @@ help: ## List the targets
 build: ## Build every binary and test target of the workspace
 	$(CARGO) build --workspace --all-targets --locked
 
-lint: ## rustfmt and clippy, warnings are errors
+# Every shell script of the repository (hack/, e2e/, the chart's and the plugin's test scripts).
+SHELL_SCRIPTS = $(shell git ls-files '*.sh' .ci/run hack/cluster hack/real-node hack/fake-driver-root)
+
+lint: ## rustfmt, clippy and shellcheck, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	shellcheck $(SHELL_SCRIPTS)
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

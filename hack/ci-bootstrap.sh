@@ -15,6 +15,10 @@ done
 if ! command -v cc >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq build-essential >/dev/null
 fi
+# make lint checks the shell scripts.
+if ! command -v shellcheck >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null
+fi
 # The local cluster's real nodes: runc, the CNI plugins, iptables and nftables (kube-proxy and CNI
 # inside the nodes' network namespaces), busybox-static for the test image.
 real_node_pkgs=()

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers of the cluster tests in hack/test (sourced). Set TEST_NAME and KUBECONFIG_FILE first;
 # BIN_DIR defaults to $CACHE_DIR/bin.
 BIN_DIR="${BIN_DIR:-$CACHE_DIR/bin}"

@@ -181,8 +181,11 @@ else
   fail "pod not Running 90s after the plugin registered (events: $(tr '\n' ' ' <"$EVENTS"); plugin log: $(tail -n 5 "$CLUSTER_DIR/logs/fake-dra-plugin.log" | tr '\n' ' '))"
   exit 1
 fi
-grep -q " registration registered=true" "$EVENTS" && pass "kubelet plugin manager registered the plugin (GetInfo + NotifyRegistrationStatus)" ||
+if grep -q " registration registered=true" "$EVENTS"; then
+  pass "kubelet plugin manager registered the plugin (GetInfo + NotifyRegistrationStatus)"
+else
   fail "no successful registration in the plugin's event log"
+fi
 prepare_line="$(grep -m1 " prepare $NS/$claim uid=$claim_uid" "$EVENTS" || true)"
 if [[ -n "$prepare_line" ]]; then
   prepared_at="$(cut -d' ' -f1 <<<"$prepare_line")"

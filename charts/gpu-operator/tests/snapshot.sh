@@ -63,6 +63,7 @@ done
 rm -f /tmp/chart-snapshot-$$.diff
 # Least privilege, whatever the snapshots say: no role of the chart may use wildcards, touch Secrets,
 # or escalate (escalate, bind, impersonate, RBAC objects), in the guide's render.
+# shellcheck disable=SC2086 # the case holds several flags
 rules="$("$HELM" template gpu-operator "$CHART_DIR" ${CASES[guide-preinstalled-driver]} \
   | awk '/^kind: (Cluster)?Role$/{r=1} /^---/{r=0} r')"
 for bad in "'\*'" '"\*"' '\[\*\]' 'secrets' 'escalate' 'bind\b' 'impersonate' 'rbac.authorization.k8s.io\]'; do

@@ -41,7 +41,8 @@ driver_root() { # node profile gpus: a host root with the mock driver, validated
   mkdir -p "$WORK/$1/cdi" && echo "boot-$1" >"$WORK/$1/boot_id"
 }
 start_plugin() { # node
-  local k="$(readlink "$CLUSTER_DIR/nodes")/$1/kubelet"
+  local k
+  k="$(readlink "$CLUSTER_DIR/nodes")/$1/kubelet"
   NODE_NAME="$1" CDI_ROOT="$WORK/$1/cdi" \
     KUBELET_REGISTRAR_DIRECTORY_PATH="$k/plugins_registry" KUBELET_PLUGINS_DIRECTORY_PATH="$k/plugins" \
     DRIVER_READY_FILE="$WORK/$1/driver-ready" BOOT_ID_FILE="$WORK/$1/boot_id" RUST_LOG=info LOG_FORMAT=json \
@@ -106,7 +107,7 @@ check "a pod's GPU claim is prepared through the kubelet DRA manager" wait_for 6
 cdi_ids="$(kubectl get pod gpu-pod -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/cdi-devices}')"
 check "the container gets k8s.gpu.nvidia.com/claim=<uid>-gpu-N ($cdi_ids)" \
   grep -qE 'k8s\.gpu\.nvidia\.com/claim=[0-9a-f-]+-gpu-[0-7]' <<<"$cdi_ids"
-check "one CDI spec file for the claim" test "$(ls "$WORK/gpu-node-0/cdi" | grep -c '^k8s.gpu.nvidia.com-claim_')" = 1
+check "one CDI spec file for the claim" test "$(find "$WORK/gpu-node-0/cdi" -name 'k8s.gpu.nvidia.com-claim_*' | wc -l)" = 1
 
 generation() { kubectl get resourceslices --field-selector spec.nodeName=gpu-node-0 -o jsonpath='{.items[0].spec.pool.generation}'; }
 before="$(generation)"
@@ -115,7 +116,7 @@ republished() { has_devices gpu-node-0 "$A100S" && (($(generation) > before)); }
 check "after a kubelet restart (which wipes the node's slices) they are published again" wait_for 60 republished
 registered_twice() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 2)); }
 check "... the plugin registers with the new kubelet" wait_for 30 registered_twice
-check "... and the prepared claim keeps its one CDI spec" test "$(ls "$WORK/gpu-node-0/cdi" | wc -l)" = 1
+check "... and the prepared claim keeps its one CDI spec" test "$(find "$WORK/gpu-node-0/cdi" -mindepth 1 | wc -l)" = 1
 
 kill -9 "${PIDS[gpu-node-0]}"; wait "${PIDS[gpu-node-0]}" 2>/dev/null
 start_plugin gpu-node-0
