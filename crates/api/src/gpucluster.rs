@@ -277,11 +277,13 @@ pub struct DcgmSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostPathsSpec {
-    /// Root of a containerized driver on the host; probed after the host root.
+    /// Root of a containerized driver on the host; probed after the host root. An absolute path.
     #[serde(default = "default_driver_install_dir")]
+    #[schemars(regex(pattern = r"^/"))]
     pub driver_install_dir: String,
-    /// The kubelet's root directory (plugin sockets, registration, pod resources).
+    /// The kubelet's root directory (plugin sockets, registration, pods); an absolute path.
     #[serde(default = "default_kubelet_root_dir")]
+    #[schemars(regex(pattern = r"^/"))]
     pub kubelet_root_dir: String,
 }
 

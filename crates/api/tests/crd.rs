@@ -197,6 +197,18 @@ fn schema_accepts_a_full_spec_and_rejects_unknown_enum_values() {
         json!({"draDriver": {"gpus": {"kubeletPlugin": {"healthcheck": {"port": 0}}}}});
     assert!(!validate(&bad_port).is_empty(), "port 0 accepted");
 
+    for field in ["kubeletRootDir", "driverInstallDir"] {
+        let mut relative = minimal();
+        relative["spec"] = json!({"hostPaths": {field: "var/lib/kubelet"}});
+        let errors = validate(&relative);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains(&format!("/spec/hostPaths/{field}"))),
+            "relative {field} accepted: {errors:?}"
+        );
+    }
+
     let mut bad_state = minimal();
     bad_state["status"] = json!({"state": "disabled"});
     assert!(
