@@ -21,6 +21,6 @@ pub mod root;
 pub mod testing;
 
 pub use driver_ready::DriverReady;
-pub use model::{CudaVersion, Gpu, Inventory, MigDevice, MigMode};
+pub use model::{CudaVersion, Gpu, Inventory, MigDevice, MigMode, UnreadableGpu};
 pub use nvml::{DeviceEvent, EventKind, EventWatch, InitMode, NvmlError, NvmlSession};
 pub use root::{DriverLocation, DriverRoot, ProbeError, ProbeSettings, SearchedRoot};

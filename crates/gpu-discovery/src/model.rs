@@ -11,6 +11,20 @@ pub struct Inventory {
     pub cuda_driver_version: CudaVersion,
     /// GPUs in NVML index order.
     pub gpus: Vec<Gpu>,
+    /// GPUs NVML counts but could not read (lost, or a query failed), in index order. One bad GPU
+    /// never hides the others: they are in `gpus`.
+    pub unreadable: Vec<UnreadableGpu>,
+}
+
+/// A GPU NVML counts but could not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableGpu {
+    /// NVML index.
+    pub index: u32,
+    /// Why, as NVML said it (names the call and the library).
+    pub error: String,
+    /// Whether NVML reported the GPU lost (`NVML_ERROR_GPU_IS_LOST`, e.g. fallen off the bus).
+    pub lost: bool,
 }
 
 impl Inventory {

@@ -1,6 +1,6 @@
 //! An NVML session opened from a driver root's library, and what it reads.
 
-use crate::model::{self, CudaVersion, Gpu, Inventory, MigDevice, MigMode};
+use crate::model::{self, CudaVersion, Gpu, Inventory, MigDevice, MigMode, UnreadableGpu};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -162,15 +162,27 @@ impl NvmlSession {
             .map_err(|e| self.err("device_count", "system", e))
     }
 
-    /// Reads every GPU and MIG device.
+    /// Reads every GPU and MIG device. A GPU that cannot be read (lost, a query or one of its
+    /// MIG devices failing) is listed in `unreadable` and the others are still read; only what
+    /// concerns the whole driver (count, versions) fails the call.
     pub fn inventory(&self) -> Result<Inventory, NvmlError> {
-        let gpus = (0..self.device_count()?)
-            .map(|i| self.gpu(i))
-            .collect::<Result<_, _>>()?;
+        let mut gpus = Vec::new();
+        let mut unreadable = Vec::new();
+        for index in 0..self.device_count()? {
+            match self.gpu(index) {
+                Ok(gpu) => gpus.push(gpu),
+                Err(e) => unreadable.push(UnreadableGpu {
+                    index,
+                    lost: matches!(e, NvmlError::GpuLost { .. }),
+                    error: e.to_string(),
+                }),
+            }
+        }
         Ok(Inventory {
             driver_version: self.driver_version()?,
             cuda_driver_version: self.cuda_driver_version()?,
             gpus,
+            unreadable,
         })
     }
 

@@ -280,25 +280,40 @@ fn a_file_that_is_not_a_library_is_a_load_error() {
     ));
 }
 
+/// (indexes read, indexes unreadable and lost) of an inventory.
+fn split(inv: &Inventory) -> (Vec<u32>, Vec<(u32, bool)>) {
+    (
+        inv.gpus.iter().map(|g| g.index).collect(),
+        inv.unreadable.iter().map(|u| (u.index, u.lost)).collect(),
+    )
+}
+
 #[test]
-fn a_lost_gpu_surfaces_as_gpu_lost_even_when_lost_after_init() {
+fn a_lost_gpu_is_reported_and_the_others_still_read_even_when_lost_after_init() {
     let node = FakeNode::new();
     let lib = node.install_host_driver(
         &json!({"profile": "h200", "gpu_count": 3, "faults": {"lost_gpus": [1]}}),
     );
     let session = open(&lib);
-    match session.inventory() {
-        Err(NvmlError::GpuLost { device, .. }) => assert_eq!(device, "GPU 1"),
-        other => panic!("expected GpuLost, got {other:?}"),
-    }
+    let inv = session.inventory().unwrap();
+    assert_eq!(split(&inv), (vec![0, 2], vec![(1, true)]));
+    assert!(
+        inv.unreadable[0].error.contains("GPU 1 is lost"),
+        "{}",
+        inv.unreadable[0].error
+    );
     configure(&node.host_root(), &mock_config("h200", 3));
-    assert_eq!(session.inventory().unwrap().gpus.len(), 3);
+    assert_eq!(
+        split(&session.inventory().unwrap()),
+        (vec![0, 1, 2], vec![])
+    );
     configure(
         &node.host_root(),
-        &json!({"profile": "h200", "gpu_count": 3, "faults": {"lost_gpus": [2]}}),
+        &json!({"profile": "h200", "gpu_count": 3, "faults": {"lost_gpus": [0, 2]}}),
     );
-    assert!(
-        matches!(session.inventory(), Err(NvmlError::GpuLost { device, .. }) if device == "GPU 2")
+    assert_eq!(
+        split(&session.inventory().unwrap()),
+        (vec![1], vec![(0, true), (2, true)])
     );
 }
 

@@ -15,7 +15,7 @@ use crate::server::{SocketPaths, Sockets};
 use crate::sockets::private_dir;
 use anyhow::Context;
 use api::contract::DRIVER_NAME;
-use gpu_discovery::{DriverReady, InitMode, NvmlSession, root};
+use gpu_discovery::{DriverReady, InitMode, NvmlSession, UnreadableGpu, root};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use std::path::PathBuf;
@@ -55,12 +55,60 @@ pub fn roots(config: &Config, ready: Option<&DriverReady>) -> Roots {
     }
 }
 
-/// Reads the node's devices through NVML loaded from the container driver root.
-pub fn read_devices(roots: &Roots) -> anyhow::Result<DeviceTable> {
+/// Reads the node's devices through NVML loaded from the container driver root, with the GPUs
+/// NVML could not read (left out of the table).
+pub fn read_devices(roots: &Roots) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let session = NvmlSession::open(&library, InitMode::Full)?;
-    Ok(DeviceTable::from_inventory(&session.inventory()?))
+    let inventory = session.inventory()?;
+    Ok((
+        DeviceTable::from_inventory(&inventory),
+        inventory.unreadable,
+    ))
+}
+
+/// The Event note for a GPU left out because NVML could not read it.
+pub fn unreadable_note(gpu: &UnreadableGpu) -> String {
+    let what = if gpu.lost {
+        "is lost"
+    } else {
+        "could not be read"
+    };
+    format!(
+        "GPU {index} {what} and is not published; the node's other GPUs still are. NVML said: \
+         {error}. Check the GPU (nvidia-smi -q -i {index}, the kernel log for XID errors), then \
+         restart this node's gpu-kubelet-plugin pod to publish it again.",
+        index = gpu.index,
+        error = gpu.error,
+    )
+}
+
+/// Publishes a Warning Event on `node` as the plugin.
+async fn node_event(client: &kube::Client, node: &str, reason: &str, note: String) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "gpu-kubelet-plugin".into(),
+            instance: Some(node.to_owned()),
+        },
+    );
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Recover".into(),
+        secondary: None,
+    };
+    let node_ref = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    };
+    if let Err(e) = recorder.publish(&event, &node_ref).await {
+        tracing::warn!(error = %e, reason, "could not publish an event on the node");
+    }
 }
 
 async fn report_start(client: &kube::Client, node: &str, report: &StartReport) {
@@ -70,32 +118,11 @@ async fn report_start(client: &kube::Client, node: &str, report: &StartReport) {
     match &report.outcome {
         LoadOutcome::Corrupted { moved_to, reason } => {
             tracing::error!(moved_to = %moved_to.display(), %reason, "checkpoint corrupted; moved aside, starting empty");
-            let recorder = Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: "gpu-kubelet-plugin".into(),
-                    instance: Some(node.to_owned()),
-                },
+            let note = format!(
+                "gpu-kubelet-plugin checkpoint was corrupted ({reason}); moved to {} and started empty",
+                moved_to.display()
             );
-            let event = Event {
-                type_: EventType::Warning,
-                reason: "CheckpointCorrupted".into(),
-                note: Some(format!(
-                    "gpu-kubelet-plugin checkpoint was corrupted ({reason}); moved to {} and started empty",
-                    moved_to.display()
-                )),
-                action: "Recover".into(),
-                secondary: None,
-            };
-            let node_ref = ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(node.to_owned()),
-                ..Default::default()
-            };
-            if let Err(e) = recorder.publish(&event, &node_ref).await {
-                tracing::warn!(error = %e, "could not publish the CheckpointCorrupted event");
-            }
+            node_event(client, node, "CheckpointCorrupted", note).await;
         }
         LoadOutcome::NewBoot { previous } => {
             tracing::info!(%previous, "checkpoint from an earlier boot discarded");
@@ -152,8 +179,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
     let roots = roots(&config, ready.as_ref());
-    let table = read_devices(&roots).context("reading the GPUs through NVML")?;
+    let (table, unreadable) = read_devices(&roots).context("reading the GPUs through NVML")?;
     tracing::info!(devices = table.devices.len(), driver = %table.driver_version, "GPUs found");
+    for gpu in &unreadable {
+        tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");
+    }
 
     let client = service::kube_client("gpu-kubelet-plugin")
         .await
@@ -166,6 +196,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
+    metrics.set_unreadable_gpus(unreadable.len());
+    for gpu in &unreadable {
+        node_event(
+            &client,
+            &config.node_name,
+            "GPUUnreadable",
+            unreadable_note(gpu),
+        )
+        .await;
+    }
     let table = Arc::new(table);
     let (driver, report) = Driver::start(
         DRIVER_NAME,

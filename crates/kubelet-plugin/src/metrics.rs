@@ -36,6 +36,7 @@ pub struct Metrics {
     errors: Family<OperationLabels, Counter>,
     duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
     prepared_devices: Gauge,
+    unreadable_gpus: Gauge,
 }
 
 impl Metrics {
@@ -46,6 +47,7 @@ impl Metrics {
             errors: Family::default(),
             duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             prepared_devices: Gauge::default(),
+            unreadable_gpus: Gauge::default(),
         };
         let sub = registry.sub_registry_with_prefix("gpu_kubelet_plugin");
         sub.register(
@@ -68,6 +70,11 @@ impl Metrics {
             "Devices currently prepared",
             metrics.prepared_devices.clone(),
         );
+        sub.register(
+            "unreadable_gpus",
+            "GPUs NVML counts but could not read at start (lost or failing), left unpublished",
+            metrics.unreadable_gpus.clone(),
+        );
         metrics
     }
 
@@ -81,6 +88,12 @@ impl Metrics {
         self.duration
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// Sets the number of GPUs left out because NVML could not read them.
+    pub fn set_unreadable_gpus(&self, count: usize) {
+        self.unreadable_gpus
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// Sets the number of prepared devices.
@@ -101,6 +114,7 @@ mod tests {
         metrics.observe(Operation::Prepare, true, Duration::from_millis(1));
         metrics.observe(Operation::Prepare, false, Duration::from_millis(1));
         metrics.set_prepared_devices(3);
+        metrics.set_unreadable_gpus(1);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
@@ -113,6 +127,10 @@ mod tests {
         );
         assert!(
             text.contains("gpu_kubelet_plugin_prepared_devices 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_kubelet_plugin_unreadable_gpus 1"),
             "{text}"
         );
         assert!(

@@ -94,3 +94,40 @@ fn one_l4() {
         1
     ));
 }
+
+/// A GPU NVML reports lost at start is left out and reported; the node's other GPUs are
+/// published (before, the plugin exited and the node served none).
+#[test]
+fn a_lost_gpu_is_left_out_and_the_others_are_published() {
+    let fake = FakeNode::new();
+    fake.install_host_driver(&serde_json::json!({
+        "profile": "a100-sxm4-80gb", "gpu_count": 8, "faults": {"lost_gpus": [3]}}));
+    let roots = kubelet_plugin::app::Roots {
+        driver_root: fake.host_root(),
+        driver_root_ctr: fake.host_root(),
+        dev_root: fake.host_root(),
+        dev_root_ctr: fake.host_root(),
+    };
+    let (table, unreadable) = kubelet_plugin::app::read_devices(&roots).expect("devices read");
+    let names: Vec<&str> = table.devices.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "gpu-0", "gpu-1", "gpu-2", "gpu-4", "gpu-5", "gpu-6", "gpu-7"
+        ]
+    );
+    assert_eq!(unreadable.len(), 1);
+    assert!(unreadable[0].lost);
+    let note = kubelet_plugin::app::unreadable_note(&unreadable[0]);
+    assert!(
+        note.starts_with("GPU 3 is lost and is not published")
+            && note.contains("GPU 3 is lost (NVML_ERROR_GPU_IS_LOST)")
+            && note.contains("restart this node's gpu-kubelet-plugin pod"),
+        "{note}"
+    );
+    let devices: usize = desired_slices(&node(), "gpu.nvidia.com", &table, 1)
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(devices, 7);
+}

@@ -142,5 +142,21 @@ check "... the claim in use is restored from the API" \
 registrations() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 4)); }
 check "... and the plugin registers and serves again" wait_for 20 registrations
 
+# A GPU lost at start (NVML_ERROR_GPU_IS_LOST, as after an XID 79) is left out; the node's other
+# GPUs are still published and the Node gets a Warning Event that says what to do.
+kubectl delete pod gpu-pod-2 --wait=false >/dev/null
+check "deleting the second pod unprepares its claim" wait_for 60 spec_gone
+kill "${PIDS[gpu-node-0]}"; wait "${PIDS[gpu-node-0]}" 2>/dev/null
+control="$WORK/gpu-node-0/host/usr/lib/x86_64-linux-gnu/mock-nvml.json"
+printf '{"profile": "a100-sxm4-40gb", "gpu_count": 8, "faults": {"lost_gpus": [3]}}\n' >"$control.tmp"
+mv "$control.tmp" "$control"
+start_plugin gpu-node-0
+check "with GPU 3 lost at start, the plugin publishes the other seven" \
+  wait_for 30 has_devices gpu-node-0 "gpu-0 gpu-1 gpu-2 gpu-4 gpu-5 gpu-6 gpu-7 "
+lost_event() { kubectl get events -A --field-selector reason=GPUUnreadable,involvedObject.name=gpu-node-0 -o jsonpath='{.items[*].message}' | grep -q '^GPU 3 is lost and is not published'; }
+check "... the Node gets a GPUUnreadable Warning Event naming GPU 3" wait_for 20 lost_event
+serving() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 5)) && kill -0 "${PIDS[gpu-node-0]}"; }
+check "... and the plugin keeps running and registers with the kubelet" wait_for 20 serving
+
 echo "$failures failure(s)"
 exit $((failures > 0))
