@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -87,6 +87,26 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             ),
         )
         .await?;
+    // The chart ships the operands' ServiceAccounts; here the test makes them, or the DaemonSet
+    // controller could not create the operands' pods (and the status would say so).
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    for sa in [
+        o::KUBELET_PLUGIN_SERVICE_ACCOUNT,
+        o::COMPUTE_DOMAIN_CONTROLLER_SERVICE_ACCOUNT,
+        o::VALIDATOR_SERVICE_ACCOUNT,
+        o::DCGM_EXPORTER_SERVICE_ACCOUNT,
+        o::DCGM_SERVICE_ACCOUNT,
+    ] {
+        let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                             "metadata": {"name": sa, "namespace": NS}});
+        accounts
+            .patch(
+                sa,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(account),
+            )
+            .await?;
+    }
     let (operator, _labeler) = start(&env)?;
     // A second replica: it must stay idle while the first holds the Lease.
     let standby = env.spawn(
@@ -259,6 +279,46 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         )
     })
     .await?;
+
+    // A PriorityClass that does not exist: the DaemonSet controller cannot create the operands'
+    // pods, and the status says why (its FailedCreate Events), not only how many pods are missing.
+    let ready_condition = || async {
+        let gc = gcs.get("gpu-cluster").await?;
+        let status = gc.status.unwrap_or_default();
+        Ok::<_, anyhow::Error>(status.conditions.into_iter().find(|c| c.type_ == "Ready"))
+    };
+    set_spec(
+        &gcs,
+        json!({"daemonsets": {"priorityClassName": "e2e-missing-class"}}),
+    )
+    .await?;
+    let blocked = eventually(
+        Duration::from_secs(90),
+        "Ready=False naming the missing PriorityClass",
+        || async {
+            Ok(ready_condition().await?.filter(|c| {
+                c.reason == "PodCreationFailed"
+                    && c.message
+                        .contains("no PriorityClass with name e2e-missing-class")
+            }))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    eprintln!("operator: {}", blocked.message);
+    set_spec(&gcs, json!({})).await?;
+    eventually(
+        Duration::from_secs(90),
+        "the pod-creation failure gone once the spec is fixed",
+        || async {
+            Ok(ready_condition()
+                .await?
+                .filter(|c| c.reason != "PodCreationFailed")
+                .map(|_| ()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
 
     // Idle: no writes of any kind from either replica.
     let both = |name: &'static str| async move {

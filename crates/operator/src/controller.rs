@@ -33,6 +33,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use crate::diff;
+use crate::pod_creation;
 use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
 use crate::status::{self, Observed, Problem};
 
@@ -593,6 +594,11 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     for (ds, labelled) in daemonsets.iter().zip(labelled) {
         observed.operands.push(status::daemonset(ds, labelled));
     }
+    let not_created =
+        pod_creation::failures(&ctx.client, &ctx.settings.namespace, &daemonsets, now).await;
+    observed
+        .problems
+        .extend(not_created.into_iter().map(Problem::PodsNotCreated));
     let new_status = status::status(&observed, gc.metadata.generation, gc.status.as_ref(), now);
     let ready = new_status.state == Some(api::gpucluster::State::Ready);
     write_status(&ctx, &gc, new_status).await?;

@@ -4,5 +4,6 @@
 pub mod cleanup;
 pub mod controller;
 pub mod diff;
+pub mod pod_creation;
 pub mod render;
 pub mod status;

@@ -67,6 +67,8 @@ pub enum Problem {
     DraApiNotServed,
     /// Rendering or applying failed, with a message naming the object or field.
     Reconcile(String),
+    /// An operand's pods cannot be created, with the DaemonSet controller's reason.
+    PodsNotCreated(String),
 }
 
 /// What one reconcile observed.
@@ -106,11 +108,22 @@ fn verdict(observed: &Observed) -> (bool, &'static str, String) {
         .iter()
         .filter_map(|p| match p {
             Problem::Reconcile(m) => Some(m.as_str()),
-            Problem::DraApiNotServed => None,
+            Problem::DraApiNotServed | Problem::PodsNotCreated(_) => None,
         })
         .collect();
     if !failures.is_empty() {
         return (false, "ReconcileFailed", failures.join("; "));
+    }
+    let not_created: Vec<&str> = observed
+        .problems
+        .iter()
+        .filter_map(|p| match p {
+            Problem::PodsNotCreated(m) => Some(m.as_str()),
+            _ => None,
+        })
+        .collect();
+    if !not_created.is_empty() {
+        return (false, "PodCreationFailed", not_created.join("; "));
     }
     if observed.unlabelled_gpu_nodes > 0 {
         return (
@@ -408,5 +421,26 @@ mod tests {
         let s = status(&bad, None, None, now);
         assert_eq!(s.conditions[1].reason, "ReconcileFailed");
         assert!(s.conditions[1].message.starts_with("spec.validator"));
+
+        // Pods that cannot be created are an error, not a wait, and the reason is named.
+        let blocked = Observed {
+            operands: vec![operand("nvidia-dra-driver-kubelet-plugin", false)],
+            problems: vec![Problem::PodsNotCreated(
+                "DaemonSet/nvidia-dra-driver-kubelet-plugin cannot create pods: \
+                 no PriorityClass with name gpu-high was found"
+                    .into(),
+            )],
+            ..Observed::default()
+        };
+        let s = status(&blocked, None, None, now);
+        assert_eq!(s.state, Some(State::NotReady));
+        for c in &s.conditions {
+            assert_eq!(c.reason, "PodCreationFailed", "{c:?}");
+            assert!(
+                c.message.contains("no PriorityClass with name gpu-high"),
+                "{c:?}"
+            );
+        }
+        assert_eq!(s.conditions[1].status, "True");
     }
 }
