@@ -1,0 +1,292 @@
+//! The GPUCluster controller: applies the rendered operands, prunes what left the desired set,
+//! drains claim consumers before the plugin on deletion, and writes status only when it changed.
+//! This module holds the reconcile loop; each step lives in its own module (`apply`, `discovery`,
+//! `drain`, `nodes`, `report`, `metrics`), and `crate::status` decides what the status says.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::GPUCluster;
+use api::contract::{GPU_CLUSTER_NAME, objects as o};
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use kube::api::DynamicObject;
+use kube::runtime::Controller;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+
+use crate::pod_creation;
+use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
+use crate::status::{self, Observed, Problem};
+
+mod apply;
+mod discovery;
+mod drain;
+mod metrics;
+mod nodes;
+mod report;
+
+pub use metrics::Metrics;
+
+use apply::{apply, ensure_admin_access_label, owner_reference, prune};
+use discovery::served;
+use drain::{drain, ensure_finalizer};
+use nodes::{node_counts, node_selector};
+use report::write_status;
+
+/// Field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "gpu-operator";
+const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=gpu-operator";
+
+/// Operator settings from its command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Namespace of the operands.
+    pub namespace: String,
+    /// Default images.
+    pub images: DefaultImages,
+}
+
+/// Why a reconcile failed; the label is the metric's `error` value.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Api {
+        /// What was being done, naming the object.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Api { .. } => "api",
+        }
+    }
+}
+
+fn api_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Api { action, source }
+}
+
+struct Context {
+    client: kube::Client,
+    settings: Settings,
+    recorder: Recorder,
+    metrics: Metrics,
+}
+
+impl Context {
+    async fn event(&self, gc: &GPUCluster, type_: EventType, reason: &str, mut note: String) {
+        // The API rejects notes over 1 KiB; keep the start, which names the object.
+        if note.len() > 1000 {
+            let cut = (0..=1000)
+                .rev()
+                .find(|i| note.is_char_boundary(*i))
+                .unwrap_or(0);
+            note.truncate(cut);
+            note.push_str(" ...");
+        }
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &gc.object_ref(&())).await {
+            tracing::warn!(error = %e, "publishing an event failed");
+        }
+    }
+}
+
+async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciles.inc();
+    let now = Timestamp::now();
+    if gc.name_any() != GPU_CLUSTER_NAME {
+        write_status(&ctx, &gc, status::ignored(gc.status.as_ref(), now)).await?;
+        return Ok(Action::await_change());
+    }
+    if gc.meta().deletion_timestamp.is_some() {
+        return drain(&ctx, &gc).await;
+    }
+    ensure_finalizer(&ctx, &gc).await?;
+
+    let mut observed = Observed {
+        namespace: ctx.settings.namespace.clone(),
+        ..Observed::default()
+    };
+    let served = served(&ctx.client).await;
+    if !served.dra {
+        observed.problems.push(Problem::DraApiNotServed);
+        write_status(
+            &ctx,
+            &gc,
+            status::status(&observed, gc.metadata.generation, gc.status.as_ref(), now),
+        )
+        .await?;
+        ctx.metrics.ready.set(0);
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    ensure_admin_access_label(&ctx).await?;
+
+    let inputs = Inputs {
+        namespace: &ctx.settings.namespace,
+        images: &ctx.settings.images,
+        facts: ClusterFacts {
+            service_monitors_served: served.service_monitors,
+        },
+    };
+    let desired = render::desired(&gc.spec, &inputs);
+    for e in &desired.errors {
+        observed.problems.push(Problem::Reconcile(e.to_string()));
+        ctx.event(&gc, EventType::Warning, "InvalidSpec", e.to_string())
+            .await;
+    }
+    let owner = owner_reference(&gc);
+    let mut plugin_ready = 0;
+    let mut daemonsets = Vec::new();
+    for object in &desired.objects {
+        match apply(&ctx, &gc, object, &owner).await {
+            Ok(live) => {
+                // A live object that does not decode is reported, never read as an empty one
+                // (which would make a quietly wrong status).
+                let decoded = match object {
+                    Object::DaemonSet(_) => typed::<DaemonSet>(&live).map(|ds| {
+                        if ds.name_any() == o::KUBELET_PLUGIN_DAEMONSET {
+                            plugin_ready = ds.status.as_ref().map(|s| s.number_ready).unwrap_or(0);
+                        }
+                        daemonsets.push(ds);
+                    }),
+                    Object::Deployment(_) => typed::<Deployment>(&live)
+                        .map(|d| observed.operands.push(status::deployment(&d))),
+                    _ => Ok(()),
+                };
+                if let Err(e) = decoded {
+                    let message = format!("reading back {}: {e}", object.id());
+                    ctx.event(&gc, EventType::Warning, "DecodeFailed", message.clone())
+                        .await;
+                    observed.problems.push(Problem::Reconcile(message));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "apply failed");
+                ctx.event(&gc, EventType::Warning, "ApplyFailed", e.to_string())
+                    .await;
+                observed.problems.push(Problem::Reconcile(e.to_string()));
+            }
+        }
+    }
+    if desired.errors.is_empty() {
+        let keep = desired.objects.iter().map(Object::id).collect();
+        if let Err(e) = prune(&ctx, &gc, &keep, served.service_monitors).await {
+            observed.problems.push(Problem::Reconcile(e.to_string()));
+        }
+    }
+    let selectors: Vec<_> = daemonsets.iter().map(node_selector).collect();
+    let (nodes, unlabelled, labelled) = node_counts(&ctx, plugin_ready, &selectors).await?;
+    observed.nodes = nodes;
+    observed.unlabelled_gpu_nodes = unlabelled;
+    for (ds, labelled) in daemonsets.iter().zip(labelled) {
+        observed.operands.push(status::daemonset(ds, labelled));
+    }
+    let not_created =
+        pod_creation::failures(&ctx.client, &ctx.settings.namespace, &daemonsets, now).await;
+    observed
+        .problems
+        .extend(not_created.into_iter().map(Problem::PodsNotCreated));
+    let new_status = status::status(&observed, gc.metadata.generation, gc.status.as_ref(), now);
+    let ready = new_status.state == Some(api::gpucluster::State::Ready);
+    write_status(&ctx, &gc, new_status).await?;
+    ctx.metrics.ready.set(i64::from(ready));
+    Ok(if ready {
+        Action::requeue(Duration::from_secs(300))
+    } else {
+        Action::requeue(Duration::from_secs(10))
+    })
+}
+
+/// A live object as its typed kind.
+fn typed<T: serde::de::DeserializeOwned>(live: &DynamicObject) -> Result<T, serde_json::Error> {
+    serde_json::from_value(serde_json::to_value(live)?)
+}
+
+fn error_policy(_gc: Arc<GPUCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "reconcile failed");
+    ctx.metrics
+        .errors
+        .get_or_create(&vec![("error".into(), error.metric_label().into())])
+        .inc();
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: kube::Client,
+    settings: Settings,
+    metrics: Metrics,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let ns = settings.namespace.clone();
+    let owned = watcher::Config::default().labels(MANAGED_SELECTOR);
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        settings,
+        metrics,
+    });
+    Controller::new(
+        Api::<GPUCluster>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<DaemonSet>::namespaced(client.clone(), &ns),
+        owned.clone(),
+    )
+    .owns(
+        Api::<Deployment>::namespaced(client.clone(), &ns),
+        owned.clone(),
+    )
+    .owns(
+        Api::<Service>::namespaced(client.clone(), &ns),
+        owned.clone(),
+    )
+    .owns(
+        Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns),
+        owned.clone(),
+    )
+    .owns(Api::<DeviceClass>::all(client.clone()), owned.clone())
+    .owns(
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+        owned.clone(),
+    )
+    .owns(
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+        owned,
+    )
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| {
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "controller event");
+        }
+        futures::future::ready(())
+    })
+    .await;
+}
