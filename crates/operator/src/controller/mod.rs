@@ -33,6 +33,8 @@ mod drain;
 mod metrics;
 mod nodes;
 mod report;
+#[cfg(test)]
+mod tests;
 
 pub use metrics::Metrics;
 

@@ -1,0 +1,340 @@
+//! The reconcile loop against an in-memory API: what it writes, and that a steady state writes
+//! nothing. The fake keeps objects by URL path, answers GET, LIST, PATCH and DELETE the way the
+//! apiserver does for what the operator asks, and logs every write.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use api::GPUCluster;
+use api::contract::{GPU_CLUSTER_FINALIZER, labels as l, objects as o};
+use http::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+
+use super::{Context, Metrics, Settings, reconcile};
+use crate::render::DefaultImages;
+
+const NS: &str = "gpu-operator";
+const GC_UID: &str = "0b5e7f2a-0000-4000-8000-000000000001";
+const COLLECTIONS: [&str; 9] = [
+    "daemonsets",
+    "deployments",
+    "services",
+    "resourceclaimtemplates",
+    "deviceclasses",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+    "nodes",
+    "events",
+];
+
+/// Objects by URL path, and the writes made, as `METHOD path`.
+#[derive(Clone, Default)]
+struct FakeApi {
+    objects: Arc<Mutex<BTreeMap<String, Value>>>,
+    writes: Arc<Mutex<Vec<String>>>,
+    /// The last status written to the GPUCluster.
+    status: Arc<Mutex<Option<Value>>>,
+}
+
+fn reply(code: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap()
+}
+
+fn not_found(path: &str) -> Response<Body> {
+    reply(
+        StatusCode::NOT_FOUND,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                "code": 404, "message": format!("{path} not found")}),
+    )
+}
+
+/// A JSON merge patch (RFC 7386) of `patch` into `target`.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (key, value) in fields {
+        if value.is_null() {
+            target.as_object_mut().unwrap().remove(key);
+        } else {
+            merge(&mut target[key], value);
+        }
+    }
+}
+
+impl FakeApi {
+    fn put(&self, path: &str, object: Value) {
+        self.objects.lock().unwrap().insert(path.to_owned(), object);
+    }
+
+    fn writes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.writes.lock().unwrap())
+    }
+
+    fn handle(&self, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
+        let mut objects = self.objects.lock().unwrap();
+        if method == Method::GET {
+            if path == "/apis/resource.k8s.io/v1" {
+                return reply(
+                    StatusCode::OK,
+                    &json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1",
+                            "resources": [{"name": "deviceclasses", "singularName": "deviceclass",
+                                           "namespaced": false, "kind": "DeviceClass", "verbs": ["get"]}]}),
+                );
+            }
+            if let Some(object) = objects.get(path) {
+                return reply(StatusCode::OK, object);
+            }
+            if COLLECTIONS.iter().any(|c| path.ends_with(&format!("/{c}"))) {
+                let items: Vec<&Value> = objects
+                    .iter()
+                    .filter(|(k, _)| k.rsplit_once('/').is_some_and(|(parent, _)| parent == path))
+                    .map(|(_, v)| v)
+                    .collect();
+                return reply(
+                    StatusCode::OK,
+                    &json!({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}),
+                );
+            }
+            return not_found(path);
+        }
+        if path.starts_with("/apis/events.k8s.io/") {
+            self.writes.lock().unwrap().push(format!("EVENT {path}"));
+            return reply(StatusCode::CREATED, &serde_json::from_slice(body).unwrap());
+        }
+        self.writes.lock().unwrap().push(format!("{method} {path}"));
+        match *method {
+            Method::DELETE => match objects.remove(path) {
+                Some(object) => reply(StatusCode::OK, &object),
+                None => not_found(path),
+            },
+            Method::PATCH if path.ends_with("/status") => {
+                let patch: Value = serde_json::from_slice(body).unwrap();
+                *self.status.lock().unwrap() = Some(patch["status"].clone());
+                match objects.get_mut(path.trim_end_matches("/status")) {
+                    Some(object) => {
+                        merge(object, &patch);
+                        reply(StatusCode::OK, object)
+                    }
+                    None => not_found(path),
+                }
+            }
+            Method::PATCH => {
+                let patch: Value = serde_json::from_slice(body).unwrap();
+                // Server-side apply of a whole object stores it; a merge patch merges into the
+                // stored object.
+                if patch.get("kind").is_some() {
+                    objects.insert(path.to_owned(), patch.clone());
+                    return reply(StatusCode::OK, &patch);
+                }
+                match objects.get_mut(path) {
+                    Some(object) => {
+                        merge(object, &patch);
+                        reply(StatusCode::OK, object)
+                    }
+                    None => not_found(path),
+                }
+            }
+            _ => reply(StatusCode::METHOD_NOT_ALLOWED, &json!({})),
+        }
+    }
+
+    fn context(&self) -> Arc<Context> {
+        let api = self.clone();
+        let service = tower::service_fn(move |req: Request<Body>| {
+            let api = api.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = body.collect_bytes().await?;
+                Ok::<_, kube::Error>(api.handle(&parts.method, parts.uri.path(), &bytes))
+            }
+        });
+        let client = kube::Client::new(service, NS);
+        let reporter = Reporter {
+            controller: "gpu-operator".into(),
+            instance: None,
+        };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            settings: Settings {
+                namespace: NS.into(),
+                images: DefaultImages {
+                    dra_driver: "registry.example/gpu-kubelet-plugin:1".into(),
+                    validator: "registry.example/gpu-operator:1".into(),
+                    compute_domain: "registry.example/dra-driver:1".into(),
+                    dcgm: "registry.example/dcgm:1".into(),
+                    dcgm_exporter: "registry.example/dcgm-exporter:1".into(),
+                },
+            },
+            metrics: Metrics::default(),
+        })
+    }
+}
+
+/// The fake with the operator's namespace and one GPU node in DRA mode.
+fn cluster() -> FakeApi {
+    let api = FakeApi::default();
+    api.put(
+        &format!("/api/v1/namespaces/{NS}"),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+    );
+    api.put(
+        "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster",
+        serde_json::to_value(&*gpu_cluster(false, None)).unwrap(),
+    );
+    api.put(
+        "/api/v1/nodes/gpu-node-0",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-0", "labels": {
+            l::GPU_PRESENT: "true", l::ALLOCATION_MODE: "dra", l::DEPLOY_DRA_DRIVER: "true"}}}),
+    );
+    api
+}
+
+fn gpu_cluster(finalizer: bool, status: Option<Value>) -> Arc<GPUCluster> {
+    let mut gc = json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster", "uid": GC_UID, "resourceVersion": "1", "generation": 1},
+        "spec": {}});
+    if finalizer {
+        gc["metadata"]["finalizers"] = json!([GPU_CLUSTER_FINALIZER]);
+    }
+    if let Some(status) = status {
+        gc["status"] = status;
+    }
+    Arc::new(serde_json::from_value(gc).unwrap())
+}
+
+fn daemonset_path(name: &str) -> String {
+    format!("/apis/apps/v1/namespaces/{NS}/daemonsets/{name}")
+}
+
+#[tokio::test]
+async fn a_steady_state_reconcile_writes_nothing() {
+    let api = cluster();
+    let ctx = api.context();
+
+    // The first reconcile creates every operand, the finalizer, the namespace label and a status.
+    reconcile(gpu_cluster(false, None), ctx.clone())
+        .await
+        .unwrap();
+    let first = api.writes();
+    let applied = |w: &&String| w.starts_with("PATCH /apis/apps/v1/");
+    assert!(first.iter().filter(applied).count() >= 3, "{first:#?}");
+    assert!(
+        first
+            .iter()
+            .any(|w| w.ends_with("/gpuclusters/gpu-cluster/status")),
+        "{first:#?}"
+    );
+
+    assert_eq!(
+        api.objects.lock().unwrap()[&format!("/api/v1/namespaces/{NS}")]["metadata"]["labels"]
+            [l::ADMIN_ACCESS_NAMESPACE],
+        "true"
+    );
+    // Nothing changed since: the same GPUCluster with its finalizer and the status written.
+    let status = api.status.lock().unwrap().clone();
+    reconcile(gpu_cluster(true, status), ctx).await.unwrap();
+    assert_eq!(
+        api.writes(),
+        Vec::<String>::new(),
+        "a reconcile with nothing changed wrote"
+    );
+}
+
+#[tokio::test]
+async fn an_operand_left_out_of_the_spec_is_pruned_and_a_foreign_one_kept() {
+    let api = cluster();
+    let ctx = api.context();
+    reconcile(gpu_cluster(false, None), ctx.clone())
+        .await
+        .unwrap();
+    let owned = |name: &str, uid: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name,
+            "namespace": NS, "labels": {"app.kubernetes.io/managed-by": "gpu-operator"},
+            "ownerReferences": [{"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+                                 "name": "gpu-cluster", "uid": uid, "controller": true}]}})
+    };
+    api.put(&daemonset_path("left-over"), owned("left-over", GC_UID));
+    api.put(
+        &daemonset_path("someone-elses"),
+        owned("someone-elses", "another-uid"),
+    );
+    api.writes();
+    let status = api.status.lock().unwrap().clone();
+    reconcile(gpu_cluster(true, status), ctx).await.unwrap();
+    let writes = api.writes();
+    assert!(
+        writes.contains(&format!("DELETE {}", daemonset_path("left-over"))),
+        "{writes:#?}"
+    );
+    assert!(
+        !writes.iter().any(|w| w.contains("someone-elses")),
+        "{writes:#?}"
+    );
+}
+
+#[tokio::test]
+async fn deletion_drains_claim_consumers_before_the_plugin_then_drops_the_finalizer() {
+    let api = cluster();
+    let ctx = api.context();
+    reconcile(gpu_cluster(false, None), ctx.clone())
+        .await
+        .unwrap();
+    api.writes();
+    let deleting = |status| {
+        let mut gc = (*gpu_cluster(true, status)).clone();
+        gc.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        );
+        Arc::new(gc)
+    };
+    let status = api.status.lock().unwrap().clone();
+
+    // Consumers (the validator and the exporter hold claims) go first; the plugin stays.
+    let action = reconcile(deleting(status.clone()), ctx.clone())
+        .await
+        .unwrap();
+    assert_ne!(action, Action::await_change(), "the drain must come back");
+    let writes = api.writes();
+    let deleted: Vec<&String> = writes.iter().filter(|w| w.starts_with("DELETE")).collect();
+    assert!(
+        deleted.contains(&&format!(
+            "DELETE {}",
+            daemonset_path(o::VALIDATOR_DAEMONSET)
+        )),
+        "{writes:#?}"
+    );
+    assert!(
+        !deleted
+            .iter()
+            .any(|w| w.ends_with(o::KUBELET_PLUGIN_DAEMONSET)),
+        "the plugin went with its consumers: {writes:#?}"
+    );
+    assert!(
+        !writes
+            .iter()
+            .any(|w| w.ends_with("/gpuclusters/gpu-cluster")),
+        "finalizer dropped while consumers remain: {writes:#?}"
+    );
+
+    // Once they are gone, the finalizer goes and garbage collection takes the rest.
+    reconcile(deleting(status), ctx).await.unwrap();
+    let writes = api.writes();
+    assert_eq!(
+        writes,
+        ["PATCH /apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster"],
+        "only the finalizer's removal"
+    );
+}
