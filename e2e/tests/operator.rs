@@ -320,7 +320,22 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     .await
     .with_context(|| operator.log_tail())?;
 
-    // Idle: no writes of any kind from either replica.
+    // Idle: no writes of any kind from either replica, even after a mutating webhook (played by
+    // another field manager) added a sidecar and an env var to the plugin's pods: those fields are
+    // not the operator's, so it leaves them.
+    let webhook = PatchParams {
+        field_manager: Some("e2e-webhook".into()),
+        ..PatchParams::default()
+    };
+    daemonsets
+        .patch(
+            o::KUBELET_PLUGIN_DAEMONSET,
+            &webhook,
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {
+            "containers": [{"name": "gpus", "env": [{"name": "INJECTED_BY_WEBHOOK", "value": "1"}]},
+                           {"name": "mesh-proxy", "image": "mesh-proxy:1"}]}}}})),
+        )
+        .await?;
     let both = |name: &'static str| async move {
         Ok::<f64, anyhow::Error>(
             metric(METRICS, name).await? + metric(STANDBY_METRICS, name).await?,
@@ -340,6 +355,21 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     for (c, b) in counters.iter().zip(&before) {
         assert_eq!(both(c).await?, *b, "{c} changed while idle");
     }
+    let plugin = daemonsets.get(o::KUBELET_PLUGIN_DAEMONSET).await?;
+    let containers = plugin
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers)
+        .unwrap_or_default();
+    assert!(
+        containers.iter().any(|c| c.name == "mesh-proxy")
+            && containers.iter().any(|c| c
+                .env
+                .iter()
+                .flatten()
+                .any(|e| e.name == "INJECTED_BY_WEBHOOK")),
+        "the webhook's sidecar or env var was removed"
+    );
 
     // Leader election: whichever replica holds the Lease did all the work, the other none; when the
     // leader dies the other takes over.

@@ -94,7 +94,7 @@ pub(super) async fn apply(
         .map_err(api_err(format!("reading {}", object.id())))?;
     if let Some(live) = &live {
         let live_value = serde_json::to_value(live).unwrap_or_default();
-        if diff::contains(&live_value, &want) {
+        if diff::contains(&live_value, &want, FIELD_MANAGER) {
             return Ok(live.clone());
         }
     }

@@ -240,7 +240,11 @@ fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(value: Value) -> Box
     let object: T =
         serde_json::from_value(value.clone()).expect("operand literals match their types");
     debug_assert!(
-        crate::diff::contains(&serde_json::to_value(&object).unwrap_or_default(), &value),
+        crate::diff::contains(
+            &serde_json::to_value(&object).unwrap_or_default(),
+            &value,
+            ""
+        ),
         "a field was dropped converting {value:#}"
     );
     Box::new(object)
