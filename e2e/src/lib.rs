@@ -124,6 +124,17 @@ impl Process {
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM, as the kubelet does to stop a pod, and waits for the process to exit.
+    pub fn terminate(&mut self) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -TERM {} failed", self.child.id());
+        self.child.wait()?;
+        Ok(())
+    }
+
     /// The process's resident set size in KiB, from `/proc`.
     pub fn rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;

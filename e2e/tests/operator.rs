@@ -23,6 +23,7 @@ const NS: &str = "gpu-operator";
 const METRICS: &str = "127.0.0.1:18082";
 const LABELER_METRICS: &str = "127.0.0.1:18083";
 const STANDBY_METRICS: &str = "127.0.0.1:18084";
+const THIRD_METRICS: &str = "127.0.0.1:18085";
 
 async fn names<K>(api: &Api<K>) -> anyhow::Result<Vec<String>>
 where
@@ -413,7 +414,53 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         "operator: standby took over and restored an operand {:.1}s after the leader died",
         takeover.elapsed().as_secs_f64()
     );
-    let operator = standby;
+
+    // A leader stopped the way the kubelet stops a pod (SIGTERM) releases the Lease, so a standby
+    // takes over at once instead of waiting out the 15 s lease.
+    let mut stopping = standby;
+    let operator = env.spawn(
+        "gpu-operator",
+        "gpu-operator-third",
+        &[
+            ("OPERATOR_NAMESPACE", NS),
+            ("HTTP_ENDPOINT", THIRD_METRICS),
+            ("POD_NAME", "operator-e2e-third"),
+        ],
+    )?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let holder = || async {
+        let lease = Api::<Lease>::namespaced(client.clone(), NS)
+            .get("gpu-operator")
+            .await?;
+        Ok::<_, anyhow::Error>(lease.spec.and_then(|s| s.holder_identity))
+    };
+    anyhow::ensure!(
+        holder().await?.as_deref() != Some("operator-e2e-third"),
+        "the new replica took a live Lease"
+    );
+    stopping.terminate()?;
+    let stopped = Instant::now();
+    eventually(
+        Duration::from_secs(30),
+        "the third replica to take the released Lease",
+        || async { Ok((holder().await?.as_deref() == Some("operator-e2e-third")).then_some(())) },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    let handover = stopped.elapsed();
+    eprintln!(
+        "operator: a SIGTERMed leader's Lease taken over {:.1}s later",
+        handover.as_secs_f64()
+    );
+    assert!(
+        handover < Duration::from_secs(10),
+        "handover took {handover:?}: the Lease was not released"
+    );
+    assert!(
+        stopping.log_tail().contains("released the leader lease"),
+        "{}",
+        stopping.log_tail()
+    );
 
     // Deletion: consumers first, then the finalizer goes and nothing is left.
     gcs.delete("gpu-cluster", &DeleteParams::default()).await?;

@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use api::AllocationMode;
 use clap::Parser;
@@ -69,15 +68,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         shutdown.wait(),
     ));
 
-    let election = args.leader_elect.then(|| Election {
-        namespace: args.namespace.clone(),
-        lease_name: "gpu-operator-node-labeler".into(),
-        identity: args.identity.clone(),
-        lease_duration: Duration::from_secs(15),
-        retry_period: Duration::from_secs(2),
-    });
+    let election = args
+        .leader_elect
+        .then(|| Election::new(&args.namespace, "gpu-operator-node-labeler", &args.identity));
+    // Ready while standing by too: a replica waiting for the Lease is healthy, and a rollout of
+    // two replicas would otherwise never finish.
+    health.set_ready(true);
     let work = async {
-        health.set_ready(true);
         controller::run(client.clone(), settings(&args), metrics, shutdown.wait()).await;
     };
     leader::lead(client.clone(), election, shutdown.wait(), work).await?;
