@@ -315,7 +315,8 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
-    use http::{Method, Request, Response, StatusCode};
+    use crate::fake_api::{self, failure, reply};
+    use http::{Method, Response, StatusCode};
     use kube::client::Body;
     use serde_json::{Value, json};
 
@@ -361,18 +362,8 @@ mod tests {
         failing: Arc<Mutex<bool>>,
     }
 
-    fn reply(code: StatusCode, body: &Value) -> Response<Body> {
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap()
-    }
-
     fn status(code: StatusCode, reason: &str) -> Response<Body> {
-        let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                          "reason": reason, "code": code.as_u16(), "message": reason});
-        reply(code, &body)
+        failure(code, reason, reason)
     }
 
     impl FakeLeases {
@@ -415,15 +406,9 @@ mod tests {
 
         fn client(&self) -> kube::Client {
             let api = self.clone();
-            let service = tower::service_fn(move |req: Request<Body>| {
-                let api = api.clone();
-                async move {
-                    let (parts, body) = req.into_parts();
-                    let bytes = body.collect_bytes().await?;
-                    Ok::<_, kube::Error>(api.handle(&parts.method, parts.uri.path(), &bytes))
-                }
-            });
-            kube::Client::new(service, "ns")
+            fake_api::client("ns", move |method, path, body| {
+                api.handle(method, path, body)
+            })
         }
 
         fn holder(&self) -> Option<String> {

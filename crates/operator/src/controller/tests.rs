@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use api::GPUCluster;
 use api::contract::{GPU_CLUSTER_FINALIZER, labels as l, objects as o};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
+use service::fake_api::{self, failure, reply};
 
 use super::{Context, Metrics, Settings, reconcile};
 use crate::render::DefaultImages;
@@ -39,19 +40,11 @@ struct FakeApi {
     status: Arc<Mutex<Option<Value>>>,
 }
 
-fn reply(code: StatusCode, body: &Value) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(body).unwrap()))
-        .unwrap()
-}
-
 fn not_found(path: &str) -> Response<Body> {
-    reply(
+    failure(
         StatusCode::NOT_FOUND,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
-                "code": 404, "message": format!("{path} not found")}),
+        "NotFound",
+        &format!("{path} not found"),
     )
 }
 
@@ -152,15 +145,7 @@ impl FakeApi {
 
     fn context(&self) -> Arc<Context> {
         let api = self.clone();
-        let service = tower::service_fn(move |req: Request<Body>| {
-            let api = api.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let bytes = body.collect_bytes().await?;
-                Ok::<_, kube::Error>(api.handle(&parts.method, parts.uri.path(), &bytes))
-            }
-        });
-        let client = kube::Client::new(service, NS);
+        let client = fake_api::client(NS, move |method, path, body| api.handle(method, path, body));
         let reporter = Reporter {
             controller: "gpu-operator".into(),
             instance: None,
