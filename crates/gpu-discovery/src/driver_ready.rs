@@ -3,7 +3,7 @@
 //! `KEY=value` lines for `IS_HOST_DRIVER`, `NVIDIA_DRIVER_ROOT`, `DRIVER_ROOT_CTR_PATH`,
 //! `NVIDIA_DEV_ROOT` and `DEV_ROOT_CTR_PATH`, written atomically so a reader never sees a part.
 
-use crate::atomic::write_atomic;
+use crate::atomic::{Durability, replace};
 use crate::root::{SearchedRoot, find_library};
 use api::contract::env::{
     DEV_ROOT_CTR_PATH, DRIVER_ROOT_CTR_PATH, IS_HOST_DRIVER, NVIDIA_DEV_ROOT, NVIDIA_DRIVER_ROOT,
@@ -128,7 +128,7 @@ impl DriverReady {
 
     /// Writes the file at `path` atomically.
     pub fn write(&self, path: &Path) -> io::Result<()> {
-        write_atomic(path, self.render().as_bytes())
+        replace(path, self.render().as_bytes(), Durability::Durable)
     }
 }
 

@@ -7,7 +7,7 @@
 //! messages. Each installed driver is a copy of that file, so every fake root loads its own
 //! instance of the mock, configured by the `mock-nvml.json` beside it.
 
-use crate::atomic::write_atomic;
+use crate::atomic::{Durability, replace};
 use crate::driver_files::OPTIONAL_LIBRARIES;
 use crate::root::{LIBRARY_NAME, ProbeSettings};
 use serde_json::{Value, json};
@@ -235,7 +235,7 @@ pub fn install_persistenced_socket(root: &Path) {
 /// it, which is how faults are injected after init).
 pub fn configure(root: &Path, config: &Value) {
     let path = root.join(LIBRARY_DIR).join("mock-nvml.json");
-    write_atomic(&path, config.to_string().as_bytes()).expect("write mock config");
+    replace(&path, config.to_string().as_bytes(), Durability::Durable).expect("write mock config");
 }
 
 /// A temp dir standing for a node: `host/` (the host's `/`) and `driver-root/` (a driver

@@ -10,9 +10,9 @@
 //! The spec is built by a pure function from a [`DriverView`]; [`CdiWriter`] does the I/O and refuses
 //! a claim whose required driver files or MIG capabilities are missing.
 
-use crate::atomic::write_replace;
 use crate::devices::{DeviceKind, NodeDevice};
 use api::contract::cdi::{CLASS, VENDOR};
+use gpu_discovery::atomic::{Durability, replace};
 use gpu_discovery::driver_files::{self, CapNode, DriverFiles, Missing, RootTree};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -398,7 +398,7 @@ impl CdiWriter {
         let spec = claim_spec(claim_uid, devices, &driver);
         let yaml = serde_yaml::to_string(&spec).map_err(io::Error::other)?;
         let path = self.path(claim_uid);
-        write_replace(&path, yaml.as_bytes())?;
+        replace(&path, yaml.as_bytes(), Durability::ProcessCrash)?;
         Ok(path)
     }
 

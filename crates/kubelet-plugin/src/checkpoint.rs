@@ -6,7 +6,7 @@
 //! prepared any more); a corrupted one is moved aside and the plugin starts empty.
 
 use crate::types::PreparedDevice;
-use gpu_discovery::atomic::write_atomic;
+use gpu_discovery::atomic::{Durability, replace};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
@@ -247,7 +247,7 @@ impl CheckpointStore {
 
     /// Writes the checkpoint atomically.
     pub fn save(&self, checkpoint: &Checkpoint) -> io::Result<()> {
-        write_atomic(&self.path, &encode(checkpoint))
+        replace(&self.path, &encode(checkpoint), Durability::Durable)
     }
 
     fn aside_path(&self) -> PathBuf {

@@ -11,7 +11,6 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
-pub mod atomic;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;

@@ -2,7 +2,7 @@
 
 use crate::cli::{Common, WorkloadArgs};
 use crate::retry::{CommandError, Policy, Stop, retry};
-use gpu_discovery::atomic::write_atomic;
+use gpu_discovery::atomic::{Durability, replace};
 use gpu_discovery::{InitMode, Inventory, NvmlError, NvmlSession, SearchedRoot, root};
 use std::future::Future;
 use std::path::Path;
@@ -150,7 +150,7 @@ pub async fn run<F: Future<Output = ()>>(
     };
     let path = common.output_dir.join(READY_FILE);
     let text: String = expected.iter().map(|e| format!("{e}\n")).collect();
-    write_atomic(&path, text.as_bytes()).map_err(|source| CommandError::Write {
+    replace(&path, text.as_bytes(), Durability::Durable).map_err(|source| CommandError::Write {
         path: path.clone(),
         source,
     })?;
