@@ -19,6 +19,7 @@ pub mod config;
 pub mod devices;
 pub mod driver;
 pub mod grpc;
+pub mod grpc_uds;
 pub mod health;
 pub mod metrics;
 pub mod opaque;

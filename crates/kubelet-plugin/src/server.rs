@@ -84,14 +84,14 @@ impl Sockets {
             .add_service(dra.v1())
             .add_service(dra.v1beta1())
             .serve_with_incoming_shutdown(
-                service::grpc_uds::incoming(dra_listener),
+                crate::grpc_uds::incoming(dra_listener),
                 stopped(stop_rx.clone()),
             );
         let reg_server = Server::builder()
             .add_service(registration.into_server())
             .serve_with_incoming_shutdown(
-                // The kubelet sends the socket path as :authority; see service::grpc_uds.
-                service::grpc_uds::incoming(reg_listener),
+                // The kubelet sends the socket path as :authority; see crate::grpc_uds.
+                crate::grpc_uds::incoming(reg_listener),
                 stopped(stop_rx),
             );
         let trigger = async move {

@@ -2,7 +2,6 @@
 //! health endpoints, shutdown on SIGTERM, a kube client and Lease-based leader election.
 
 pub mod fake_api;
-pub mod grpc_uds;
 pub mod http;
 pub mod leader;
 pub mod logging;
