@@ -222,39 +222,70 @@ pub fn host_path(host_root: &Path, inside: &Path) -> PathBuf {
     host_root.join(relative(inside))
 }
 
-/// Follows symlinks inside the tree (absolute targets are taken inside the root) to the final
-/// path and its entry; `None` when the chain dangles or loops.
+/// Follows `start` inside the tree the way the node resolves it with the tree as its `/`: one
+/// component at a time, a symlink met anywhere on the way (not only at the end) replaced by its
+/// target, absolute targets taken from the root, and `..` at the root staying there. Returns the
+/// final path (absolute, without symlinks or `..`) and its entry; `None` when something on the
+/// way is missing or not a directory, or the links loop (40 hops, as Linux allows).
 pub fn resolve(tree: &dyn Tree, start: &Path) -> Option<(PathBuf, Entry)> {
-    let mut path = start.to_path_buf();
-    for _ in 0..40 {
-        match tree.entry(&path)? {
-            Entry::Symlink(target) => {
-                let next = if target.is_absolute() {
-                    target
-                } else {
-                    path.parent().unwrap_or(Path::new("/")).join(target)
-                };
-                path = Path::new("/").join(normalize(&next));
+    // `done` holds only real directories of the tree, so looking a name up below it follows no
+    // symlink of the container's own filesystem view.
+    let mut done = PathBuf::from("/");
+    let mut todo = steps(start);
+    let mut hops = 0;
+    let mut last = Entry::Dir;
+    while let Some(step) = todo.pop_front() {
+        match step {
+            Step::Root => {
+                done = PathBuf::from("/");
+                last = Entry::Dir;
             }
-            entry => return Some((path, entry)),
+            Step::Parent => {
+                done.pop();
+                last = Entry::Dir;
+            }
+            Step::Name(name) => {
+                let next = done.join(name);
+                match tree.entry(&next)? {
+                    Entry::Symlink(target) => {
+                        hops += 1;
+                        if hops > 40 {
+                            return None;
+                        }
+                        for step in steps(&target).into_iter().rev() {
+                            todo.push_front(step);
+                        }
+                    }
+                    entry => {
+                        if !todo.is_empty() && entry != Entry::Dir {
+                            return None;
+                        }
+                        done = next;
+                        last = entry;
+                    }
+                }
+            }
         }
     }
-    None
+    Some((done, last))
 }
 
-/// Removes `.` and resolves `..` lexically (the root's parent is the root).
-fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::ParentDir => {
-                out.pop();
-            }
-            _ => {}
-        }
-    }
-    out
+/// One step of a path walk.
+enum Step {
+    Root,
+    Parent,
+    Name(std::ffi::OsString),
+}
+
+fn steps(path: &Path) -> std::collections::VecDeque<Step> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::RootDir | Component::Prefix(_) => Some(Step::Root),
+            Component::ParentDir => Some(Step::Parent),
+            Component::Normal(n) => Some(Step::Name(n.to_os_string())),
+            Component::CurDir => None,
+        })
+        .collect()
 }
 
 /// Finds the library whose file names are `<stem>` or start with `<stem>.` (`libcuda.so`, `libcuda.so.1`,
@@ -496,7 +527,12 @@ mod tests {
 
     impl Tree for Mem {
         fn entry(&self, path: &Path) -> Option<Entry> {
-            self.0.get(path).map(|(e, _)| e.clone())
+            if let Some((e, _)) = self.0.get(path) {
+                return Some(e.clone());
+            }
+            // A directory: the root, or the parent of something in the tree.
+            (path == Path::new("/") || self.0.keys().any(|p| p.starts_with(path)))
+                .then_some(Entry::Dir)
         }
         fn list(&self, path: &Path) -> Vec<String> {
             self.0

@@ -6,6 +6,7 @@
 //! symlinks are followed inside the root. The dev root is the driver root when it has a `dev/`
 //! directory, else the host's `/`.
 
+use crate::driver_files::{self, Entry, RootTree, Tree};
 use crate::driver_ready::DriverReady;
 use api::contract::paths;
 use std::fmt;
@@ -186,8 +187,9 @@ pub fn find_library(root: &Path, role: &'static str) -> Result<PathBuf, Searched
     let mut searched = Vec::new();
     let mut rejected = Vec::new();
     for dir in LIBRARY_DIRS {
-        let candidate = under(root, Path::new(dir)).join(LIBRARY_NAME);
-        match usable_file(root, &candidate) {
+        let inside = Path::new(dir).join(LIBRARY_NAME);
+        let candidate = under(root, &inside);
+        match usable_file(root, &inside) {
             Ok(Some(found)) => return Ok(found),
             Ok(None) => {}
             Err(why) => rejected.push((candidate.clone(), why)),
@@ -204,27 +206,39 @@ pub fn find_library(root: &Path, role: &'static str) -> Result<PathBuf, Searched
 
 fn find_smi(root: &Path) -> Option<PathBuf> {
     SMI_DIRS.iter().find_map(|dir| {
-        usable_file(root, &under(root, Path::new(dir)).join("nvidia-smi"))
+        usable_file(root, &Path::new(dir).join("nvidia-smi"))
             .ok()
             .flatten()
     })
 }
 
-/// `Ok(None)` when nothing is there; `Err` when something is there but unusable.
-fn usable_file(root: &Path, candidate: &Path) -> Result<Option<PathBuf>, String> {
-    if std::fs::symlink_metadata(candidate).is_err() {
+/// The file at `inside` (a path as seen inside `root`), its symlinks followed the way they resolve
+/// on the node, never out of the root (`driver_files::resolve`): `Ok(None)` when nothing is there;
+/// `Err` when something is there but unusable. Returns the path under `root`.
+fn usable_file(root: &Path, inside: &Path) -> Result<Option<PathBuf>, String> {
+    let tree = RootTree::new(root);
+    if tree.entry(inside).is_none() {
         return Ok(None);
     }
-    let resolved = resolve_in_root(root, candidate)?;
-    let meta = std::fs::metadata(&resolved)
-        .map_err(|e| format!("resolves to {}: {e}", resolved.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", resolved.display()));
+    let shown = under(root, inside);
+    match driver_files::resolve(&tree, inside) {
+        None => {
+            let target = std::fs::read_link(&shown).unwrap_or_default();
+            Err(format!(
+                "{} -> {}: a dangling or looping symlink",
+                shown.display(),
+                target.display()
+            ))
+        }
+        Some((path, Entry::File { len })) if len > 0 => Ok(Some(under(root, &path))),
+        Some((path, Entry::File { .. })) => {
+            Err(format!("{} is empty", under(root, &path).display()))
+        }
+        Some((path, _)) => Err(format!(
+            "{} is not a regular file",
+            under(root, &path).display()
+        )),
     }
-    if meta.len() == 0 {
-        return Err(format!("{} is empty", resolved.display()));
-    }
-    Ok(Some(resolved))
 }
 
 /// `path` (absolute, as seen inside the root) placed under `root`.
@@ -234,23 +248,6 @@ fn under(root: &Path, path: &Path) -> PathBuf {
         .filter(|c| matches!(c, Component::Normal(_)))
         .collect();
     root.join(relative)
-}
-
-/// Follows symlinks the way they resolve on the node: absolute targets are taken inside `root`.
-fn resolve_in_root(root: &Path, start: &Path) -> Result<PathBuf, String> {
-    let mut path = start.to_path_buf();
-    for _ in 0..40 {
-        let target = match std::fs::read_link(&path) {
-            Ok(target) => target,
-            Err(_) => return Ok(path),
-        };
-        path = if target.is_absolute() {
-            under(root, &target)
-        } else {
-            path.parent().unwrap_or(root).join(target)
-        };
-    }
-    Err(format!("too many symlinks from {}", start.display()))
 }
 
 #[cfg(test)]
