@@ -49,33 +49,38 @@ pub fn failure(ds: &DaemonSet, events: &[Event], now: Timestamp) -> Option<Strin
 }
 
 /// `DaemonSet/<name> cannot create pods: <message>` for each of `daemonsets` that misses pods and
-/// has a recent `FailedCreate` Event in `namespace`. Reads Events only for those missing pods; a
-/// failed read is logged and yields nothing (the operand stays "not ready" with its counts).
+/// has a recent `FailedCreate` Event in `namespace`. One read of Events, and only when some
+/// DaemonSet misses pods; a failed read is logged and yields nothing (the operand stays "not
+/// ready" with its counts).
 pub async fn failures(
     client: &kube::Client,
     namespace: &str,
     daemonsets: &[DaemonSet],
     now: Timestamp,
 ) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
-    let mut found = Vec::new();
-    for ds in daemonsets.iter().filter(|ds| pods_missing(ds)) {
-        let name = ds.name_any();
-        let params = ListParams::default().fields(&format!(
-            "involvedObject.kind=DaemonSet,involvedObject.name={name},reason=FailedCreate"
-        ));
-        match events.list(&params).await {
-            Ok(list) => {
-                if let Some(message) = failure(ds, &list.items, now) {
-                    found.push(format!("DaemonSet/{name} cannot create pods: {message}"));
-                }
-            }
-            Err(e) => {
-                tracing::warn!(daemonset = %name, error = %e, "listing FailedCreate events failed");
-            }
-        }
+    let missing: Vec<&DaemonSet> = daemonsets.iter().filter(|ds| pods_missing(ds)).collect();
+    if missing.is_empty() {
+        return Vec::new();
     }
-    found
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().fields("involvedObject.kind=DaemonSet,reason=FailedCreate");
+    let events = match events.list(&params).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing FailedCreate events failed");
+            return Vec::new();
+        }
+    };
+    missing
+        .into_iter()
+        .filter_map(|ds| {
+            let message = failure(ds, &events, now)?;
+            Some(format!(
+                "DaemonSet/{} cannot create pods: {message}",
+                ds.name_any()
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]
