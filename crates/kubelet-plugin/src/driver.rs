@@ -17,14 +17,64 @@ use std::io;
 use std::time::Instant;
 use tokio::sync::Mutex;
 
+/// Why one claim could not be prepared or unprepared. The message goes to the kubelet (and the
+/// pod's events); [`ClaimFailure::reason`] labels the `claim_errors_total` metric.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimFailure {
+    /// The claim is not in the API.
+    #[error("not found in the API")]
+    NotFound,
+    /// Reading the claim from the API failed.
+    #[error("reading it from the API failed: {0}")]
+    Api(String),
+    /// The claim's allocation or config cannot be served on this node.
+    #[error(transparent)]
+    Invalid(#[from] claim::ClaimError),
+    /// An exclusive device is held by another prepared claim.
+    #[error("device {device} is already prepared for claim {holder}")]
+    DeviceInUse {
+        /// The device.
+        device: String,
+        /// The claim holding it.
+        holder: String,
+    },
+    /// The checkpoint could not be written.
+    #[error("writing the checkpoint failed: {0}")]
+    Checkpoint(String),
+    /// The claim's CDI spec could not be written.
+    #[error("writing the CDI spec failed: {0}")]
+    CdiWrite(String),
+    /// The claim's CDI spec could not be removed.
+    #[error("removing the CDI spec failed: {0}")]
+    CdiRemove(String),
+    /// The claim was unprepared while its prepare ran.
+    #[error("unprepared while it was being prepared")]
+    Unprepared,
+}
+
+impl ClaimFailure {
+    /// The metric label of this kind of failure.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ClaimFailure::NotFound => "not_found",
+            ClaimFailure::Api(_) => "api",
+            ClaimFailure::Invalid(_) => "invalid_claim",
+            ClaimFailure::DeviceInUse { .. } => "device_in_use",
+            ClaimFailure::Checkpoint(_) => "checkpoint",
+            ClaimFailure::CdiWrite(_) | ClaimFailure::CdiRemove(_) => "cdi",
+            ClaimFailure::Unprepared => "unprepared",
+        }
+    }
+}
+
 /// Where claims are read from.
 pub trait ClaimSource: Send + Sync + 'static {
-    /// The claim `namespace/name`, or a message saying why it could not be read.
+    /// The claim `namespace/name`, or why it could not be read.
     fn get(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = Result<ResourceClaim, String>> + Send;
+    ) -> impl Future<Output = Result<ResourceClaim, ClaimFailure>> + Send;
 }
 
 /// Claims read from the API server.
@@ -38,11 +88,11 @@ impl std::fmt::Debug for KubeClaims {
 }
 
 impl ClaimSource for KubeClaims {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimFailure> {
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.0.clone(), namespace);
         api.get(name).await.map_err(|e| match e {
-            kube::Error::Api(s) if s.is_not_found() => "not found in the API".to_owned(),
-            other => format!("reading it from the API failed: {other}"),
+            kube::Error::Api(s) if s.is_not_found() => ClaimFailure::NotFound,
+            other => ClaimFailure::Api(other.to_string()),
         })
     }
 }
@@ -136,13 +186,13 @@ impl<C: ClaimSource> Driver<C> {
 
     /// Writes the checkpoint on the blocking pool (the fsyncs must not stall the runtime's
     /// workers); the caller holds the state lock, so writes stay serialized.
-    async fn save(&self, checkpoint: &Checkpoint) -> Result<(), String> {
+    async fn save(&self, checkpoint: &Checkpoint) -> Result<(), ClaimFailure> {
         let store = self.store.clone();
         let snapshot = checkpoint.clone();
         tokio::task::spawn_blocking(move || store.save(&snapshot))
             .await
-            .map_err(|e| format!("writing the checkpoint failed: {e}"))?
-            .map_err(|e| format!("writing the checkpoint failed: {e}"))?;
+            .map_err(|e| ClaimFailure::Checkpoint(e.to_string()))?
+            .map_err(|e| ClaimFailure::Checkpoint(e.to_string()))?;
         if let Some(m) = &self.metrics {
             let devices = checkpoint.claims.values().map(|e| e.devices.len()).sum();
             m.set_prepared_devices(devices);
@@ -151,15 +201,16 @@ impl<C: ClaimSource> Driver<C> {
     }
 
     /// Prepares one claim; the error names the cause (the caller adds the claim).
-    pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    pub async fn prepare_claim(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<Vec<PreparedDevice>, ClaimFailure> {
         if let Some(done) = Self::completed(&*self.state.lock().await, &claim.uid) {
             return Ok(done);
         }
         let object = self.claims.get(&claim.namespace, &claim.name).await?;
-        let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)
-            .map_err(|e| e.to_string())?;
-        let devices = claim::resolve(&object, &allocated, &self.table, &self.driver_name)
-            .map_err(|e| e.to_string())?;
+        let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)?;
+        let devices = claim::resolve(&object, &allocated, &self.table, &self.driver_name)?;
         let prepared: Vec<PreparedDevice> = allocated
             .iter()
             .map(|a| PreparedDevice {
@@ -178,10 +229,10 @@ impl<C: ClaimSource> Driver<C> {
             }
             for d in prepared.iter().filter(|d| !d.admin_access) {
                 if let Some(holder) = state.exclusive_holder(&claim.uid, &d.pool, &d.device) {
-                    return Err(format!(
-                        "device {} is already prepared for claim {holder}",
-                        d.device
-                    ));
+                    return Err(ClaimFailure::DeviceInUse {
+                        device: d.device.clone(),
+                        holder: holder.to_string(),
+                    });
                 }
             }
             state.claims.insert(
@@ -211,12 +262,12 @@ impl<C: ClaimSource> Driver<C> {
             let _ = self.cdi.remove(&claim.uid);
             state.claims.remove(&claim.uid);
             self.save(&state).await?;
-            return Err(format!("writing the CDI spec failed: {e}"));
+            return Err(ClaimFailure::CdiWrite(e.to_string()));
         }
         let Some(entry) = state.claims.get_mut(&claim.uid) else {
             // Unprepared while its spec was being written: leave nothing behind.
             let _ = self.cdi.remove(&claim.uid);
-            return Err("unprepared while it was being prepared".to_owned());
+            return Err(ClaimFailure::Unprepared);
         };
         entry.state = ClaimState::PrepareCompleted;
         self.save(&state).await?;
@@ -224,21 +275,21 @@ impl<C: ClaimSource> Driver<C> {
     }
 
     /// Unprepares one claim: removes its CDI spec and checkpoint entry. Unknown claims succeed.
-    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), String> {
+    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), ClaimFailure> {
         let mut state = self.state.lock().await;
         if !state.claims.contains_key(&claim.uid) {
             return Ok(());
         }
         self.cdi
             .remove(&claim.uid)
-            .map_err(|e| format!("removing the CDI spec failed: {e}"))?;
+            .map_err(|e| ClaimFailure::CdiRemove(e.to_string()))?;
         state.claims.remove(&claim.uid);
         self.save(&state).await
     }
 
-    fn observe(&self, operation: Operation, ok: bool, started: Instant) {
+    fn observe(&self, operation: Operation, failure: Option<&'static str>, started: Instant) {
         if let Some(m) = &self.metrics {
-            m.observe(operation, ok, started.elapsed());
+            m.observe(operation, failure, started.elapsed());
         }
     }
 }
@@ -254,14 +305,15 @@ impl<C: ClaimSource> Driver<C> {
     ) -> std::collections::BTreeMap<String, Result<T, String>>
     where
         F: Fn(&'a Self, &'a ClaimRef) -> Fut,
-        Fut: Future<Output = Result<T, String>> + 'a,
+        Fut: Future<Output = Result<T, ClaimFailure>> + 'a,
     {
         let each = claims.iter().map(|c| {
             let fut = op(self, c);
             async move {
                 let started = Instant::now();
                 let result = fut.await;
-                self.observe(operation, result.is_ok(), started);
+                let failure = result.as_ref().err().map(ClaimFailure::reason);
+                self.observe(operation, failure, started);
                 if let Err(e) = &result {
                     tracing::warn!(claim = %c, error = %e, ?operation, "claim failed");
                 }
@@ -311,14 +363,14 @@ mod tests {
     }
 
     impl ClaimSource for Arc<Claims> {
-        async fn get(&self, _ns: &str, name: &str) -> Result<ResourceClaim, String> {
+        async fn get(&self, _ns: &str, name: &str) -> Result<ResourceClaim, ClaimFailure> {
             self.gets.fetch_add(1, Ordering::SeqCst);
             self.objects
                 .lock()
                 .unwrap()
                 .get(name)
                 .cloned()
-                .ok_or_else(|| "not found in the API".to_owned())
+                .ok_or(ClaimFailure::NotFound)
         }
     }
 
@@ -411,6 +463,8 @@ mod tests {
         claims.put(exclusive("second", "u5", &["gpu-0"]));
         claims.put(exclusive("ghost", "u6", &["gpu-99"]));
         let (d, _) = driver(dir.path(), &claims);
+        let mut registry = prometheus_client::registry::Registry::default();
+        let d = d.with_metrics(Metrics::register(&mut registry));
         assert!(d.prepare(vec![cref("ok", "u1")]).await["u1"].is_ok());
         let answers = d
             .prepare(vec![
@@ -445,6 +499,15 @@ mod tests {
         assert!(err("u7").contains("not found in the API"), "{}", err("u7"));
         let cdi: Vec<_> = std::fs::read_dir(dir.path().join("cdi")).unwrap().collect();
         assert_eq!(cdi.len(), 1, "only the good claim has a spec");
+        // Each refusal is counted under its kind.
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for (reason, count) in [("invalid_claim", 4), ("device_in_use", 1), ("not_found", 1)] {
+            let line = format!(
+                "gpu_kubelet_plugin_claim_errors_total{{operation=\"Prepare\",reason=\"{reason}\"}} {count}"
+            );
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
+        }
     }
 
     #[tokio::test]

@@ -24,6 +24,16 @@ pub struct OperationLabels {
     pub operation: Operation,
 }
 
+/// Labels of the failure counter: the call and the kind of failure
+/// (`kubelet_plugin::driver::ClaimFailure::reason`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    /// The call.
+    pub operation: Operation,
+    /// The kind of failure.
+    pub reason: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 0.5 ms to about 4 s.
     Histogram::new(exponential_buckets(0.0005, 2.0, 14))
@@ -33,7 +43,7 @@ fn latency_histogram() -> Histogram {
 #[derive(Debug, Clone)]
 pub struct Metrics {
     requests: Family<OperationLabels, Counter>,
-    errors: Family<OperationLabels, Counter>,
+    errors: Family<FailureLabels, Counter>,
     duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
     prepared_devices: Gauge,
     unreadable_gpus: Gauge,
@@ -57,7 +67,7 @@ impl Metrics {
         );
         sub.register(
             "claim_errors",
-            "Claims that failed, per operation",
+            "Claims that failed, per operation and reason",
             metrics.errors.clone(),
         );
         sub.register(
@@ -78,12 +88,16 @@ impl Metrics {
         metrics
     }
 
-    /// Records one claim's outcome and time.
-    pub fn observe(&self, operation: Operation, ok: bool, took: Duration) {
+    /// Records one claim's time and outcome: `failure` is the reason when it failed.
+    pub fn observe(&self, operation: Operation, failure: Option<&str>, took: Duration) {
         let labels = OperationLabels { operation };
         self.requests.get_or_create(&labels).inc();
-        if !ok {
-            self.errors.get_or_create(&labels).inc();
+        if let Some(reason) = failure {
+            let failed = FailureLabels {
+                operation,
+                reason: reason.to_owned(),
+            };
+            self.errors.get_or_create(&failed).inc();
         }
         self.duration
             .get_or_create(&labels)
@@ -111,8 +125,12 @@ mod tests {
     fn observations_show_up_in_the_exposition() {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        metrics.observe(Operation::Prepare, true, Duration::from_millis(1));
-        metrics.observe(Operation::Prepare, false, Duration::from_millis(1));
+        metrics.observe(Operation::Prepare, None, Duration::from_millis(1));
+        metrics.observe(
+            Operation::Prepare,
+            Some("device_in_use"),
+            Duration::from_millis(1),
+        );
         metrics.set_prepared_devices(3);
         metrics.set_unreadable_gpus(1);
         let mut text = String::new();
@@ -122,7 +140,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("gpu_kubelet_plugin_claim_errors_total{operation=\"Prepare\"} 1"),
+            text.contains(
+                "gpu_kubelet_plugin_claim_errors_total{operation=\"Prepare\",reason=\"device_in_use\"} 1"
+            ),
             "{text}"
         );
         assert!(

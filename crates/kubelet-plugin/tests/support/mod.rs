@@ -9,7 +9,7 @@ use kubelet_plugin::cdi::{CdiWriter, DriverRoots};
 use kubelet_plugin::checkpoint::CheckpointStore;
 use kubelet_plugin::client::connect_unix;
 use kubelet_plugin::devices::DeviceTable;
-use kubelet_plugin::driver::{ClaimSource, Driver};
+use kubelet_plugin::driver::{ClaimFailure, ClaimSource, Driver};
 use kubelet_plugin::grpc::DraService;
 use kubelet_plugin::registration::RegistrationService;
 use kubelet_plugin::server::{ServeError, SocketPaths, Sockets};
@@ -27,11 +27,8 @@ pub const NODE: &str = "node-a";
 pub struct Claims(pub HashMap<String, ResourceClaim>);
 
 impl ClaimSource for Claims {
-    async fn get(&self, _: &str, name: &str) -> Result<ResourceClaim, String> {
-        self.0
-            .get(name)
-            .cloned()
-            .ok_or_else(|| "not found in the API".into())
+    async fn get(&self, _: &str, name: &str) -> Result<ResourceClaim, ClaimFailure> {
+        self.0.get(name).cloned().ok_or(ClaimFailure::NotFound)
     }
 }
 
