@@ -207,6 +207,11 @@ pub mod cdi {
     pub const VENDOR: &str = "k8s.gpu.nvidia.com";
     /// CDI class of the specs the plugin writes.
     pub const CLASS: &str = "claim";
+    /// CDI kind of the device plugin's spec, the one the upstream device plugin uses in its CDI
+    /// mode; its devices are named by UUID.
+    pub const DEVICE_PLUGIN_KIND: &str = "k8s.device-plugin.nvidia.com/gpu";
+    /// File name of the device plugin's spec in the CDI root.
+    pub const DEVICE_PLUGIN_SPEC_FILE: &str = "k8s.device-plugin.nvidia.com-gpu.yaml";
 }
 
 /// Names of the objects the operator owns.

@@ -18,41 +18,19 @@ use api::contract::DRIVER_NAME;
 use gpu_discovery::{DriverReady, InitMode, NvmlSession, UnreadableGpu, root};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The driver roots in use: from the `driver-ready` file when present, else from the flags.
 pub type Roots = DriverRoots;
 
-/// Decides the roots from the flags and an optional `driver-ready` content. Without the file
-/// the dev root is the driver root when that has a `dev/` dir, else the host's `/`, which this
-/// container is expected to see at `/` (its `/dev` the host's).
+/// Decides the roots from the flags and an optional `driver-ready` content; see
+/// [`DriverRoots::decide`].
 pub fn roots(config: &Config, ready: Option<&DriverReady>) -> Roots {
-    match ready {
-        Some(r) => Roots {
-            driver_root: r.nvidia_driver_root.clone(),
-            driver_root_ctr: r.driver_root_ctr_path.clone(),
-            dev_root: r.nvidia_dev_root.clone(),
-            dev_root_ctr: r.dev_root_ctr_path.clone(),
-        },
-        None => {
-            let has_dev = config.driver_root_ctr_path.join("dev").is_dir();
-            let (dev_root, dev_root_ctr) = if has_dev {
-                (
-                    config.nvidia_driver_root.clone(),
-                    config.driver_root_ctr_path.clone(),
-                )
-            } else {
-                (PathBuf::from("/"), PathBuf::from("/"))
-            };
-            Roots {
-                driver_root: config.nvidia_driver_root.clone(),
-                driver_root_ctr: config.driver_root_ctr_path.clone(),
-                dev_root,
-                dev_root_ctr,
-            }
-        }
-    }
+    DriverRoots::decide(
+        &config.nvidia_driver_root,
+        &config.driver_root_ctr_path,
+        ready,
+    )
 }
 
 /// Reads the node's devices through NVML loaded from the container driver root, with the GPUs

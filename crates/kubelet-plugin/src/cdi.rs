@@ -12,6 +12,7 @@
 
 use crate::devices::{DeviceKind, NodeDevice};
 use api::contract::cdi::{CLASS, VENDOR};
+use gpu_discovery::DriverReady;
 use gpu_discovery::atomic::{Durability, replace};
 use gpu_discovery::driver_files::{self, CapNode, DriverFiles, Missing, RootTree};
 use serde::Serialize;
@@ -195,56 +196,76 @@ pub fn min_version(spec: &Spec) -> &'static str {
     if host_paths { "0.5.0" } else { "0.3.0" }
 }
 
-/// The spec of a claim: per device its `/dev/nvidia<minor>` node (the parent GPU's for a MIG
-/// device, plus the device's `nvidia-caps` nodes); for the whole claim the control nodes, the
-/// driver's files as read-only bind mounts and `NVIDIA_VISIBLE_DEVICES` listing every device's UUID.
+/// What one device adds to a container: its `/dev/nvidia<minor>` node (the parent GPU's for a
+/// MIG device) and, for a MIG device, its `nvidia-caps` nodes.
+pub fn device_edits(device: &NodeDevice, driver: &DriverView) -> ContainerEdits {
+    let gpu_node = PathBuf::from(format!("/dev/nvidia{}", device.gpu.minor));
+    let caps = driver.mig_caps.get(&device.name).into_iter().flatten();
+    ContainerEdits {
+        device_nodes: std::iter::once(node(&gpu_node, &driver.dev_root))
+            .chain(caps.map(cap_node))
+            .collect(),
+        ..ContainerEdits::default()
+    }
+}
+
+/// What every GPU container needs once: the control nodes and the driver's files as read-only
+/// bind mounts.
+pub fn driver_edits(driver: &DriverView) -> ContainerEdits {
+    ContainerEdits {
+        env: Vec::new(),
+        device_nodes: driver
+            .control_nodes
+            .iter()
+            .map(|p| node(p, &driver.dev_root))
+            .collect(),
+        mounts: driver_mounts(driver),
+    }
+}
+
+/// A spec of `kind` from its devices and spec-level edits, with the lowest `cdiVersion` that
+/// covers them.
+pub fn spec(kind: String, devices: Vec<Device>, container_edits: ContainerEdits) -> Spec {
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind,
+        devices,
+        container_edits,
+    };
+    spec.cdi_version = min_version(&spec).to_owned();
+    spec
+}
+
+/// The spec of a claim: per device its [`device_edits`] and env vars naming its UUID (and MIG
+/// profile); for the whole claim the [`driver_edits`] and `NVIDIA_VISIBLE_DEVICES` listing every
+/// device's UUID.
 pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView) -> Spec {
     let cdi_devices = devices
         .iter()
         .map(|d| {
-            let mut env = vec![format!(
+            let mut edits = device_edits(d, driver);
+            edits.env.push(format!(
                 "NVIDIA_DRA_DEVICE_UUID_{}={}",
                 env_key(&d.name),
                 d.uuid
-            )];
+            ));
             if let DeviceKind::Mig(m) = &d.kind {
-                env.push(format!(
+                edits.env.push(format!(
                     "NVIDIA_DRA_MIG_PROFILE_{}={}",
                     env_key(&d.name),
                     m.profile
                 ));
             }
-            let gpu_node = PathBuf::from(format!("/dev/nvidia{}", d.gpu.minor));
-            let caps = driver.mig_caps.get(&d.name).into_iter().flatten();
             Device {
                 name: device_name(claim_uid, &d.name),
-                container_edits: ContainerEdits {
-                    env,
-                    device_nodes: std::iter::once(node(&gpu_node, &driver.dev_root))
-                        .chain(caps.map(cap_node))
-                        .collect(),
-                    mounts: Vec::new(),
-                },
+                container_edits: edits,
             }
         })
         .collect();
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
-    let mut spec = Spec {
-        cdi_version: String::new(),
-        kind: format!("{VENDOR}/{CLASS}"),
-        devices: cdi_devices,
-        container_edits: ContainerEdits {
-            env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))],
-            device_nodes: driver
-                .control_nodes
-                .iter()
-                .map(|p| node(p, &driver.dev_root))
-                .collect(),
-            mounts: driver_mounts(driver),
-        },
-    };
-    spec.cdi_version = min_version(&spec).to_owned();
-    spec
+    let mut edits = driver_edits(driver);
+    edits.env = vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))];
+    spec(format!("{VENDOR}/{CLASS}"), cdi_devices, edits)
 }
 
 /// The required items missing for `devices`: `libnvidia-ml`, `libcuda` and each device's
@@ -334,6 +355,36 @@ pub struct DriverRoots {
     pub dev_root: PathBuf,
     /// The dev root as this container sees it.
     pub dev_root_ctr: PathBuf,
+}
+
+impl DriverRoots {
+    /// The roots from the flags (the driver root on the host and as this container sees it) and
+    /// an optional `driver-ready` content, which wins when present. Without it the dev root is the
+    /// driver root when that has a `dev/` dir, else the host's `/`, which this container is
+    /// expected to see at `/` (its `/dev` the host's).
+    pub fn decide(driver_root: &Path, driver_root_ctr: &Path, ready: Option<&DriverReady>) -> Self {
+        match ready {
+            Some(r) => Self {
+                driver_root: r.nvidia_driver_root.clone(),
+                driver_root_ctr: r.driver_root_ctr_path.clone(),
+                dev_root: r.nvidia_dev_root.clone(),
+                dev_root_ctr: r.dev_root_ctr_path.clone(),
+            },
+            None => {
+                let (dev_root, dev_root_ctr) = if driver_root_ctr.join("dev").is_dir() {
+                    (driver_root.to_path_buf(), driver_root_ctr.to_path_buf())
+                } else {
+                    (PathBuf::from("/"), PathBuf::from("/"))
+                };
+                Self {
+                    driver_root: driver_root.to_path_buf(),
+                    driver_root_ctr: driver_root_ctr.to_path_buf(),
+                    dev_root,
+                    dev_root_ctr,
+                }
+            }
+        }
+    }
 }
 
 /// Writes and removes claim specs in a CDI root.

@@ -74,7 +74,7 @@ pub struct Config {
 pub struct HttpEndpoint(pub Option<SocketAddr>);
 
 /// `""` → none, `:8080` → all interfaces, else `host:port`.
-fn parse_endpoint(value: &str) -> Result<HttpEndpoint, String> {
+pub fn parse_endpoint(value: &str) -> Result<HttpEndpoint, String> {
     if value.is_empty() {
         return Ok(HttpEndpoint(None));
     }

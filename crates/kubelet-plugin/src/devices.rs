@@ -107,45 +107,53 @@ fn common(gpu: &Gpu) -> GpuCommon {
     }
 }
 
-impl DeviceTable {
-    /// The devices of an inventory.
-    pub fn from_inventory(inventory: &Inventory) -> Self {
-        let mut devices = BTreeMap::new();
-        for gpu in &inventory.gpus {
-            let shared = common(gpu);
-            if gpu.mig_mode != MigMode::Enabled {
-                let name = gpu_name(gpu.minor);
-                devices.insert(
-                    name.clone(),
-                    NodeDevice {
-                        name,
-                        uuid: gpu.uuid.clone(),
-                        gpu: shared,
-                        kind: DeviceKind::Gpu {
-                            memory_bytes: gpu.memory_bytes,
-                        },
-                    },
-                );
-                continue;
-            }
-            for mig in &gpu.mig_devices {
-                let name = mig_name(
-                    gpu.minor,
-                    &mig.profile,
-                    mig.gpu_instance_profile_id,
-                    mig.placement_start,
-                );
-                devices.insert(
-                    name.clone(),
-                    NodeDevice {
-                        name,
-                        uuid: mig.uuid.clone(),
-                        gpu: shared.clone(),
-                        kind: DeviceKind::Mig(mig.clone()),
-                    },
-                );
-            }
+impl NodeDevice {
+    /// A GPU as one whole device, whatever its MIG mode.
+    pub fn whole_gpu(gpu: &Gpu) -> Self {
+        Self {
+            name: gpu_name(gpu.minor),
+            uuid: gpu.uuid.clone(),
+            gpu: common(gpu),
+            kind: DeviceKind::Gpu {
+                memory_bytes: gpu.memory_bytes,
+            },
         }
+    }
+
+    /// One of `gpu`'s MIG devices.
+    pub fn mig(gpu: &Gpu, mig: &MigDevice) -> Self {
+        Self {
+            name: mig_name(
+                gpu.minor,
+                &mig.profile,
+                mig.gpu_instance_profile_id,
+                mig.placement_start,
+            ),
+            uuid: mig.uuid.clone(),
+            gpu: common(gpu),
+            kind: DeviceKind::Mig(mig.clone()),
+        }
+    }
+}
+
+impl DeviceTable {
+    /// The devices of an inventory: each GPU whole, or its MIG devices when MIG is on.
+    pub fn from_inventory(inventory: &Inventory) -> Self {
+        let devices = inventory
+            .gpus
+            .iter()
+            .flat_map(|gpu| -> Vec<NodeDevice> {
+                if gpu.mig_mode == MigMode::Enabled {
+                    gpu.mig_devices
+                        .iter()
+                        .map(|m| NodeDevice::mig(gpu, m))
+                        .collect()
+                } else {
+                    vec![NodeDevice::whole_gpu(gpu)]
+                }
+            })
+            .map(|d| (d.name.clone(), d))
+            .collect();
         Self {
             driver_version: inventory.driver_version.clone(),
             cuda_driver_version: (

@@ -1,0 +1,222 @@
+//! The running plugin: reads the GPUs, writes the CDI spec, serves one socket per resource and
+//! keeps device health current from NVML.
+
+use crate::config::Config;
+use crate::health::{Change, Tracker};
+use crate::metrics::Metrics;
+use crate::monitor::{self, Observation};
+use crate::plan::{self, Plan};
+use crate::proto;
+use crate::serve::{self, Endpoint};
+use crate::state::State;
+use anyhow::Context;
+use gpu_discovery::{DriverReady, InitMode, NvmlSession, root};
+use kubelet_plugin::cdi::{CdiWriter, DriverRoots};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, watch};
+
+/// Applies one observation to `tracker`; `gpus_by_index` names the GPUs a probe reports by NVML
+/// index. Returns the changes.
+pub fn observe(
+    tracker: &mut Tracker,
+    observation: &Observation,
+    gpus_by_index: &BTreeMap<u32, String>,
+    now: Instant,
+) -> Vec<Change> {
+    match observation {
+        Observation::Event(event) => tracker.event(event, now).into_iter().collect(),
+        Observation::Probe {
+            readable,
+            unreadable,
+        } => tracker.probe(
+            readable.iter().map(String::as_str),
+            unreadable.iter().filter_map(|(index, error)| {
+                gpus_by_index
+                    .get(index)
+                    .map(|uuid| (uuid.as_str(), error.clone()))
+            }),
+            now,
+        ),
+        Observation::NvmlFailed(_) => Vec::new(),
+    }
+}
+
+/// Sets the device gauges from `state`.
+fn count(metrics: &Metrics, state: &State) {
+    for name in state.plan.resources.keys() {
+        let devices = state.devices(name);
+        let healthy = devices
+            .iter()
+            .filter(|d| d.health == proto::HEALTHY)
+            .count();
+        metrics.set_devices(name, proto::HEALTHY, healthy);
+        metrics.set_devices(name, proto::UNHEALTHY, devices.len() - healthy);
+    }
+}
+
+/// Keeps `state` current from the monitor's observations until the channel closes.
+async fn track_health(
+    mut observations: mpsc::UnboundedReceiver<Observation>,
+    mut tracker: Tracker,
+    gpus_by_index: BTreeMap<u32, String>,
+    state: watch::Sender<State>,
+    metrics: Metrics,
+) {
+    let mut nvml_failing = false;
+    while let Some(observation) = observations.recv().await {
+        if let Observation::NvmlFailed(error) = &observation {
+            if !nvml_failing {
+                tracing::error!(%error, "NVML failed; device health unknown, keeping what was last known");
+            }
+            nvml_failing = true;
+            continue;
+        }
+        nvml_failing = false;
+        let changes = observe(&mut tracker, &observation, &gpus_by_index, Instant::now());
+        if changes.is_empty() {
+            continue;
+        }
+        for change in &changes {
+            match change {
+                Change::Unhealthy { gpu, fault } => {
+                    tracing::warn!(%gpu, %fault, "GPU unhealthy; its devices are no longer offered")
+                }
+                Change::Recovered { gpu } => {
+                    tracing::info!(%gpu, "GPU healthy again; its devices are offered again")
+                }
+            }
+        }
+        state.send_modify(|s| {
+            s.unhealthy = s
+                .plan
+                .devices
+                .values()
+                .map(|d| d.gpu.gpu_uuid.clone())
+                .filter(|gpu| !tracker.is_healthy(gpu))
+                .collect();
+        });
+        count(&metrics, &state.borrow());
+    }
+}
+
+/// Reads the GPUs and decides the plan.
+fn read_plan(
+    config: &Config,
+    roots: &DriverRoots,
+) -> anyhow::Result<(Plan, BTreeMap<u32, String>, std::path::PathBuf)> {
+    let offer = config.offer()?;
+    let library = root::find_library(&roots.driver_root_ctr, "container driver root")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let session = NvmlSession::open(&library, InitMode::Full)?;
+    let inventory = session.inventory()?;
+    for gpu in &inventory.unreadable {
+        tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");
+    }
+    let plan = plan::plan(&inventory, &offer);
+    for problem in &plan.problems {
+        tracing::warn!("{problem}");
+    }
+    let by_index = inventory
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.uuid.clone()))
+        .collect();
+    Ok((plan, by_index, library))
+}
+
+/// Runs the plugin until SIGTERM/SIGINT.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let ready = DriverReady::read(&config.driver_ready_file)
+        .inspect_err(|e| tracing::info!(file = %config.driver_ready_file.display(), error = %e, "no usable driver-ready file; using the flags"))
+        .ok();
+    let roots = DriverRoots::decide(
+        &config.nvidia_driver_root,
+        &config.driver_root_ctr_path,
+        ready.as_ref(),
+    );
+    let (plan, gpus_by_index, library) =
+        read_plan(&config, &roots).context("reading the GPUs through NVML")?;
+    let writer = CdiWriter::new(&config.cdi_root, &roots).with_procfs_root(&config.procfs_root);
+    let devices: Vec<_> = plan.devices.values().collect();
+    if !devices.is_empty() {
+        let spec = crate::cdi::write(&writer, &config.cdi_root, &devices)
+            .context("writing the CDI spec")?;
+        tracing::info!(spec = %spec.display(), devices = devices.len(), "CDI spec written");
+    }
+    for (name, r) in &plan.resources {
+        tracing::info!(resource = %name, devices = r.devices.len(), "offering");
+    }
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let resources: Vec<_> = plan.resources.values().cloned().collect();
+    let (state_tx, state_rx) = watch::channel(State {
+        plan: Arc::new(plan),
+        unhealthy: Default::default(),
+    });
+    count(&metrics, &state_rx.borrow());
+
+    let (observations_tx, observations_rx) = mpsc::unbounded_channel();
+    let monitor = monitor::spawn(library, config.health_probe_interval, observations_tx);
+    let health = tokio::spawn(track_health(
+        observations_rx,
+        Tracker::new(config.health_recovery_period),
+        gpus_by_index,
+        state_tx,
+        metrics.clone(),
+    ));
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let health_http = service::http::Health::default();
+    let mut servers = Vec::new();
+    let mut registrations = Vec::new();
+    for r in &resources {
+        let (registered_tx, registered_rx) = watch::channel(false);
+        registrations.push(registered_rx);
+        let endpoint = Endpoint {
+            dir: config.device_plugin_path.clone(),
+            resource: r.name.clone(),
+            socket: r.socket_name(),
+        };
+        servers.push(tokio::spawn(serve::run(
+            endpoint,
+            state_rx.clone(),
+            metrics.clone(),
+            shutdown_rx.clone(),
+            registered_tx,
+        )));
+    }
+    let readiness = health_http.clone();
+    tokio::spawn(async move {
+        // Ready while the kubelet holds every resource's registration.
+        loop {
+            readiness.set_ready(registrations.iter().all(|r| *r.borrow()));
+            tokio::time::sleep(serve::SOCKET_CHECK).await;
+        }
+    });
+    if let Some(addr) = config.http_endpoint.0 {
+        let registry = Arc::new(registry);
+        let mut stop = shutdown_rx.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = service::http::serve(addr, registry, health_http, stopped).await {
+                tracing::error!(%addr, error = %e, "metrics server failed");
+            }
+        });
+    }
+
+    service::shutdown::signal().await;
+    tracing::info!("stopping");
+    let _ = shutdown_tx.send(true);
+    for server in servers {
+        let _ = server.await;
+    }
+    health.abort();
+    drop(monitor);
+    tracing::info!("sockets removed; bye");
+    Ok(())
+}

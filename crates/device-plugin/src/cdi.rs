@@ -1,0 +1,47 @@
+//! The device plugin's CDI spec: one file in the CDI root, kind
+//! `k8s.device-plugin.nvidia.com/gpu`, one device per offered GPU or MIG device named by its UUID,
+//! with the same edits the DRA plugin writes for a claim (see [`kubelet_plugin::cdi`]), so a
+//! container gets the same device nodes and driver mounts on either plane.
+//!
+//! `NVIDIA_VISIBLE_DEVICES` is not in the spec: `Allocate` sets it for the devices a container got.
+
+use api::contract::cdi::{DEVICE_PLUGIN_KIND, DEVICE_PLUGIN_SPEC_FILE};
+use gpu_discovery::atomic::{Durability, replace};
+use kubelet_plugin::cdi::{
+    self as dra_cdi, CdiWriter, Device, DriverView, Spec, WriteError, device_edits, driver_edits,
+};
+use kubelet_plugin::devices::NodeDevice;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The spec of `devices`.
+pub fn spec(devices: &[&NodeDevice], driver: &DriverView) -> Spec {
+    let cdi_devices = devices
+        .iter()
+        .map(|d| Device {
+            name: d.uuid.clone(),
+            container_edits: device_edits(d, driver),
+        })
+        .collect();
+    dra_cdi::spec(
+        DEVICE_PLUGIN_KIND.to_owned(),
+        cdi_devices,
+        driver_edits(driver),
+    )
+}
+
+/// Writes the spec of `devices` into `cdi_root` (atomically; a spec only matters within this
+/// boot and is written again at every start) and returns its path. Refuses, naming what is
+/// missing, when a device's node or a required driver file is not there.
+pub fn write(
+    writer: &CdiWriter,
+    cdi_root: &Path,
+    devices: &[&NodeDevice],
+) -> Result<PathBuf, WriteError> {
+    let driver = writer.driver_view(devices)?;
+    std::fs::create_dir_all(cdi_root)?;
+    let yaml = serde_yaml::to_string(&spec(devices, &driver)).map_err(io::Error::other)?;
+    let path = cdi_root.join(DEVICE_PLUGIN_SPEC_FILE);
+    replace(&path, yaml.as_bytes(), Durability::ProcessCrash)?;
+    Ok(path)
+}
