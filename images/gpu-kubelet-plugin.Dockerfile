@@ -1,5 +1,6 @@
 # Image ghcr.io/gpu-operator-rs/gpu-kubelet-plugin: the DRA kubelet plugin (container `gpus` of the
-# nvidia-dra-driver-kubelet-plugin DaemonSet). Build from the repository root: `make images`.
+# nvidia-dra-driver-kubelet-plugin DaemonSet) and the device plugin (nvidia-device-plugin-daemonset).
+# Build from the repository root: `make images`.
 #
 # The plugin dlopen()s libnvidia-ml.so.1 from the validated driver root, so it is a glibc binary
 # on the minimal glibc base (distroless cc). It runs privileged, as the operator renders it.
@@ -8,9 +9,9 @@ FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p kubelet-plugin \
-    && mkdir -p /out && cp target/release/gpu-kubelet-plugin /out/
+    cargo build --release --locked -p kubelet-plugin -p device-plugin \
+    && mkdir -p /out && cp target/release/gpu-kubelet-plugin target/release/gpu-device-plugin /out/
 
 FROM gcr.io/distroless/cc-debian12
-COPY --from=build /out/gpu-kubelet-plugin /usr/local/bin/gpu-kubelet-plugin
+COPY --from=build /out/ /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/gpu-kubelet-plugin"]

@@ -131,7 +131,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     let all_there = eventually(Duration::from_secs(60), "every default operand", || async {
         let ds = names(&daemonsets).await?;
         let classes = names(&classes).await?;
-        Ok((ds.len() == 3 && classes.len() == 5).then_some((ds, classes)))
+        Ok((ds.len() == 4 && classes.len() == 5).then_some((ds, classes)))
     })
     .await
     .with_context(|| operator.log_tail())?;
@@ -139,8 +139,9 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         all_there.0,
         [
             o::DCGM_EXPORTER_DAEMONSET,
+            o::DEVICE_PLUGIN_DAEMONSET,
             o::KUBELET_PLUGIN_DAEMONSET,
-            o::VALIDATOR_DAEMONSET
+            o::VALIDATOR_DAEMONSET,
         ]
     );
     assert_eq!(names(&deployments).await?, [o::COMPUTE_DOMAIN_CONTROLLER]);
@@ -242,12 +243,13 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     set_spec(
         &gcs,
         json!({"dcgmExporter": {"enabled": false}, "dcgm": {"enabled": true},
+                          "devicePlugin": {"enabled": false},
                           "draDriver": {"computeDomains": {"enabled": false}}}),
     )
     .await?;
     eventually(
         Duration::from_secs(30),
-        "exporter pruned, DCGM added, ComputeDomains gone",
+        "exporter and device plugin pruned, DCGM added, ComputeDomains gone",
         || async {
             let ds = names(&daemonsets).await?;
             let plugin = daemonsets.get(o::KUBELET_PLUGIN_DAEMONSET).await?;
@@ -275,7 +277,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     set_spec(&gcs, json!({})).await?;
     eventually(Duration::from_secs(30), "defaults back", || async {
         Ok(
-            (names(&daemonsets).await?.len() == 3 && names(&classes).await?.len() == 5)
+            (names(&daemonsets).await?.len() == 4 && names(&classes).await?.len() == 5)
                 .then_some(()),
         )
     })

@@ -9,7 +9,8 @@
 # from the images of `make images` (debug build), the GPUCluster ready, the guide's pod listing its one
 # GPU, a two-GPU claim, a kubelet restart, CEL selection by product and memory, the exporter's
 # admin-access claim, the plugin pod replaced under a prepared claim, a MIG claim, the plugin SIGKILLed
-# mid-prepare, a mode switch under a running pod, and an uninstall that leaves no pod, claim, CDI spec
+# mid-prepare, a mode switch under a running pod (the node then served by the device plugin: allocatable
+# nvidia.com/gpu and a pod asking nvidia.com/gpu: 1 given its GPU through CDI), and an uninstall that leaves no pod, claim, CDI spec
 # or checkpoint entry. On exit, pass or fail, it takes the cluster down and checks that no process,
 # network namespace, link, cgroup, mount or firewall rule is left.
 set -euo pipefail
@@ -281,6 +282,11 @@ else
   fail "driver-ready on real-gpu-0: $(tr '\n' ' ' <"$ready_file" 2>&1)"
 fi
 slice_uuids() { k get resourceslices --field-selector "spec.nodeName=$1,spec.driver=gpu.nvidia.com" -o jsonpath='{range .items[*].spec.devices[*]}{.attributes.uuid.string}{"\n"}{end}'; }
+# node_uuids NODE: the GPU UUIDs NODE serves, from its slices (DRA) or its device plugin's CDI spec.
+node_uuids() {
+  slice_uuids "$1"
+  grep -o '^- *name: GPU-[0-9a-f-]*' "$CLUSTER_DIR/nodes/$1/run/cdi/k8s.device-plugin.nvidia.com-gpu.yaml" 2>/dev/null | grep -o 'GPU-.*' || true
+}
 slice_devices() { k get resourceslices --field-selector "spec.nodeName=$1,spec.driver=gpu.nvidia.com" -o jsonpath='{range .items[*].spec.devices[*]}{.name}{"\n"}{end}'; }
 migs="$(slice_devices "$MIG_NODE" | grep -c -- '-mig-' || true)"
 if [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]] && ((migs > 1)); then
@@ -383,7 +389,7 @@ check_gpu_pod() {
   fi
   node="$(pod_node "$name")"
   log="$(k -n default logs "$name")"
-  uuids="$(slice_uuids "$node")"
+  uuids="$(node_uuids "$node")"
   seen="$(grep -c '^GPU [0-9]*: NVIDIA .* (UUID: GPU-' <<<"$log" || true)"
   devs="$(grep -c '^nvidia[0-9]*$' <<<"$log" || true)"
   while read -r u; do grep -qx "$u" <<<"$uuids" || known=0; done < <(grep -o 'GPU-[0-9a-f-]*' <<<"$log")
@@ -534,11 +540,11 @@ label_of() { k get node "$1" -o jsonpath="{.metadata.labels.nvidia\.com/gpu\.dep
 gpu_pod switch real-gpu-1 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
 if wait_until 120 running switch; then
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=device-plugin --overwrite >/dev/null
-  deferred() { [[ -z "$(label_of real-gpu-1 dra-validator)" && "$(label_of real-gpu-1 dra-driver)" == true ]]; }
+  deferred() { [[ -z "$(label_of real-gpu-1 dra-validator)" && "$(label_of real-gpu-1 dra-driver)" == true && -z "$(label_of real-gpu-1 device-plugin)" ]]; }
   if wait_until 60 deferred && sleep 5 && deferred && [[ -n "$(plugin_on real-gpu-1)" ]]; then
-    pass "mode switched to device-plugin under a running GPU pod: consumers' labels gone, the DRA plugin kept"
+    pass "mode switched to device-plugin under a running GPU pod: consumers' labels gone, the DRA plugin kept, no device plugin yet (one plane per node)"
   else
-    fail "switch under a running pod: dra-validator '$(label_of real-gpu-1 dra-validator)', dra-driver '$(label_of real-gpu-1 dra-driver)'"
+    fail "switch under a running pod: dra-validator '$(label_of real-gpu-1 dra-validator)', dra-driver '$(label_of real-gpu-1 dra-driver)', device-plugin '$(label_of real-gpu-1 device-plugin)'"
   fi
   k -n default delete pod switch --wait=false >/dev/null
   driver_gone() { [[ -z "$(label_of real-gpu-1 dra-driver)" && -z "$(plugin_on real-gpu-1)" ]]; }
@@ -547,10 +553,39 @@ if wait_until 120 running switch; then
   else
     fail "dra-driver '$(label_of real-gpu-1 dra-driver)', plugin $(plugin_on real-gpu-1) after the pod left"
   fi
+  # Now on the device-plugin plane: the GPUCluster's device plugin registers nvidia.com/gpu with the
+  # real kubelet, and a pod that asks nvidia.com/gpu: 1 gets one GPU through CDI.
+  dp_on() { k -n "$GNS" get pods -l app=nvidia-device-plugin-daemonset --field-selector "spec.nodeName=$1" -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[0].ready}{"\n"}{end}'; }
+  allocatable() { k get node "$1" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}'; }
+  dp_served() { [[ "$(dp_on real-gpu-1)" == *" true" && "$(allocatable real-gpu-1)" == 2 ]]; }
+  t0=$SECONDS
+  if wait_until 180 dp_served; then
+    pass "gpu-device-plugin on real-gpu-1 ready in $((SECONDS - t0))s: the kubelet shows allocatable nvidia.com/gpu: 2"
+  else
+    fail "device plugin on real-gpu-1: pod '$(dp_on real-gpu-1)', allocatable nvidia.com/gpu '$(allocatable real-gpu-1)', label '$(label_of real-gpu-1 device-plugin)'"
+  fi
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: dp-workload, namespace: default}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: real-gpu-1}
+  containers:
+  - name: workload
+    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
+    command: ["sh", "-c", "$LIST_GPUS"]
+    resources:
+      limits: {nvidia.com/gpu: 1}
+EOF
+  check_gpu_pod dp-workload real-gpu-1 1
+  k -n default delete pod dp-workload --wait=false >/dev/null
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
   returned() { [[ "$(plugin_on real-gpu-1)" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
-  if wait_until 120 returned; then
-    pass "switched back to dra: the plugin returned to real-gpu-1 and published its 2 GPUs"
+  dp_gone() { [[ -z "$(dp_on real-gpu-1)" && "$(allocatable real-gpu-1)" =~ ^0?$ ]]; }
+  if wait_until 120 returned && wait_until 60 dp_gone; then
+    pass "switched back to dra: the device plugin left (allocatable nvidia.com/gpu '$(allocatable real-gpu-1)'), the DRA plugin returned to real-gpu-1 and published its 2 GPUs"
   else
     fail "switched back to dra: plugin '$(plugin_on real-gpu-1)', $(slice_uuids real-gpu-1 | wc -l) GPUs"
   fi

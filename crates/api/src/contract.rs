@@ -40,6 +40,8 @@ pub mod labels {
         DEPLOY_DCGM_EXPORTER_DRA,
     ];
 
+    /// Selects the device plugin's DaemonSet.
+    pub const DEPLOY_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
     /// Deploy keys that only the device-plugin plane uses; swept from DRA nodes.
     pub const DEVICE_PLUGIN_ONLY_KEYS: [&str; 16] = [
         "nvidia.com/gpu.deploy.gpu-feature-discovery",
@@ -218,6 +220,8 @@ pub mod cdi {
 pub mod objects {
     /// DaemonSet of the DRA kubelet plugin.
     pub const KUBELET_PLUGIN_DAEMONSET: &str = "nvidia-dra-driver-kubelet-plugin";
+    /// DaemonSet of the device plugin on `device-plugin` nodes (upstream's name).
+    pub const DEVICE_PLUGIN_DAEMONSET: &str = "nvidia-device-plugin-daemonset";
     /// Deployment of the ComputeDomain controller.
     pub const COMPUTE_DOMAIN_CONTROLLER: &str = "nvidia-dra-driver-controller";
     /// DaemonSet of the allocation-path validator.

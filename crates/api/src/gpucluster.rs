@@ -43,6 +43,11 @@ pub struct GPUClusterSpec {
     #[serde(default)]
     #[schemars(extend("default" = {}))]
     pub validator: ValidatorSpec,
+    /// The device plugin (`nvidia.com/gpu` extended resources) on nodes in `device-plugin` mode.
+    /// Enabled unless `enabled` is false; it runs only where the node labeler puts that mode.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub device_plugin: DevicePluginSpec,
     /// The DCGM exporter on DRA nodes. Enabled unless `enabled` is false.
     #[serde(default)]
     #[schemars(extend("default" = {}))]
@@ -81,6 +86,8 @@ default_from_empty_object!(
     KubeletPluginSpec,
     HealthcheckSpec,
     ValidatorSpec,
+    DevicePluginSpec,
+    DevicePluginConfig,
     DcgmExporterSpec,
     DcgmSpec,
     HostPathsSpec,
@@ -193,6 +200,78 @@ pub struct ValidatorSpec {
     /// Extra environment variables for the validator containers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+}
+
+/// The device plugin: serves `nvidia.com/gpu` (and MIG resources) on `device-plugin` nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DevicePluginSpec {
+    /// Serve the device-plugin plane; false leaves `device-plugin` nodes without a plugin of ours.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Image of `gpu-device-plugin`; the DRA driver's image when unset (it carries both plugins).
+    #[serde(flatten)]
+    pub image: ImageSpec,
+    /// What the plugin offers.
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub config: DevicePluginConfig,
+    /// Extra environment variables for the plugin container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Compute resources of the plugin container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// What the device plugin offers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DevicePluginConfig {
+    /// How MIG devices are offered, as the upstream device plugin names the strategies: `none`
+    /// (every GPU whole), `single` (MIG devices as `nvidia.com/gpu`), `mixed`
+    /// (`nvidia.com/mig-<profile>`).
+    #[serde(default)]
+    pub mig_strategy: MigStrategy,
+}
+
+/// A MIG strategy of the device plugin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MigStrategy {
+    /// Every GPU whole.
+    #[default]
+    None,
+    /// MIG devices as `nvidia.com/gpu`; every GPU of the node needs MIG on with one profile (a
+    /// node with MIG off everywhere gets whole GPUs).
+    Single,
+    /// GPUs without MIG as `nvidia.com/gpu`, MIG devices as `nvidia.com/mig-<profile>`.
+    Mixed,
+}
+
+impl MigStrategy {
+    /// Every strategy.
+    pub const ALL: [MigStrategy; 3] = [MigStrategy::None, MigStrategy::Single, MigStrategy::Mixed];
+
+    /// The value as the plugin's `MIG_STRATEGY` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigStrategy::None => "none",
+            MigStrategy::Single => "single",
+            MigStrategy::Mixed => "mixed",
+        }
+    }
+}
+
+impl std::str::FromStr for MigStrategy {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.as_str() == value)
+            .ok_or_else(|| format!("{value:?} is not a MIG strategy: use none, single or mixed"))
+    }
 }
 
 /// The DCGM exporter on DRA nodes.

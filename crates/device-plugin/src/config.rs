@@ -11,18 +11,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// How MIG devices are offered, as the upstream device plugin names the strategies.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum MigStrategy {
-    /// Every GPU is offered whole as `nvidia.com/gpu`, MIG or not.
-    #[default]
-    None,
-    /// Every GPU has MIG on with one profile; its MIG devices are offered as `nvidia.com/gpu`.
-    Single,
-    /// GPUs without MIG as `nvidia.com/gpu`, MIG devices as `nvidia.com/mig-<profile>`.
-    Mixed,
-}
+pub use api::gpucluster::MigStrategy;
 
 /// The config file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -234,7 +223,7 @@ pub struct Config {
     #[arg(long, env = env::NODE_NAME, default_value = "")]
     pub node_name: String,
     /// MIG strategy when the config file sets none.
-    #[arg(long, env = "MIG_STRATEGY", value_enum, default_value_t)]
+    #[arg(long, env = "MIG_STRATEGY", default_value = "none")]
     pub mig_strategy: MigStrategy,
     /// The upstream-format config file (MIG strategy, time-slicing); none when unset or empty.
     #[arg(long, env = "CONFIG_FILE")]
@@ -348,6 +337,10 @@ mod tests {
             c.device_plugin_path,
             PathBuf::from("/var/lib/kubelet/device-plugins")
         );
+        let err = Config::try_parse_from(["p", "--mig-strategy", "half"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("use none, single or mixed"), "{err}");
         let c = Config::try_parse_from(["p", "--config-file", "/nonexistent/config.yaml"]).unwrap();
         let err = c.offer().unwrap_err().to_string();
         assert!(err.contains("/nonexistent/config.yaml"), "{err}");

@@ -79,9 +79,18 @@ pub fn plan(inventory: &Inventory, offer: &Offer) -> Plan {
         .iter()
         .flat_map(|g| g.mig_devices.iter().map(|m| m.profile.as_str()))
         .collect();
+    // Under `single`, a node with MIG off on every GPU is offered whole GPUs, as with `none`.
+    let any_mig = inventory
+        .gpus
+        .iter()
+        .any(|g| g.mig_mode == MigMode::Enabled);
+    let strategy = match offer.mig_strategy {
+        MigStrategy::Single if !any_mig => MigStrategy::None,
+        other => other,
+    };
     for gpu in &inventory.gpus {
         let mig_on = gpu.mig_mode == MigMode::Enabled;
-        match offer.mig_strategy {
+        match strategy {
             MigStrategy::None => plain
                 .entry(GPU_RESOURCE.to_owned())
                 .or_default()
@@ -119,7 +128,7 @@ pub fn plan(inventory: &Inventory, offer: &Offer) -> Plan {
                 .or_default()
                 .push(NodeDevice::whole_gpu(gpu)),
         }
-        if mig_on && gpu.mig_devices.is_empty() && offer.mig_strategy != MigStrategy::None {
+        if mig_on && gpu.mig_devices.is_empty() && strategy != MigStrategy::None {
             problems.push(format!(
                 "GPU {} ({}) has MIG on but no MIG devices; create them (nvidia-smi mig -cgi ... -C) to offer it",
                 gpu.index, gpu.uuid
@@ -289,6 +298,11 @@ mod tests {
         let uniform = inventory(vec![gpu(0, &["1g.5gb"]), gpu(1, &["1g.5gb", "1g.5gb"])]);
         let p = plan(&uniform, &offer(MigStrategy::Single));
         assert_eq!(ids(&p, "nvidia.com/gpu"), ["MIG-0-0", "MIG-1-0", "MIG-1-1"]);
+        assert!(p.problems.is_empty());
+
+        let no_mig = inventory(vec![gpu(0, &[]), gpu(1, &[])]);
+        let p = plan(&no_mig, &offer(MigStrategy::Single));
+        assert_eq!(ids(&p, "nvidia.com/gpu"), ["GPU-0", "GPU-1"]);
         assert!(p.problems.is_empty());
 
         let mixed = inventory(vec![gpu(0, &[]), gpu(1, &["1g.5gb"])]);

@@ -100,14 +100,16 @@ struct Context {
 
 impl Context {
     fn cluster(&self) -> Cluster {
+        let gpu_cluster = self
+            .gpu_clusters
+            .state()
+            .into_iter()
+            .find(|gc| gc.name_any() == GPU_CLUSTER_NAME);
         Cluster {
-            gpu_cluster: self
-                .gpu_clusters
-                .state()
-                .iter()
-                .any(|gc| gc.name_any() == GPU_CLUSTER_NAME),
-            // The device-plugin plane's ClusterPolicy arrives with milestone 2.
+            gpu_cluster: gpu_cluster.is_some(),
+            // The device-plugin plane's ClusterPolicy is not watched yet.
             cluster_policy: false,
+            gpu_cluster_device_plugin: gpu_cluster.is_some_and(|gc| gc.spec.device_plugin.enabled),
             default_mode: self.settings.default_mode,
             driver_auto_upgrade: self.settings.driver_auto_upgrade,
         }

@@ -13,16 +13,22 @@ pub struct Cluster {
     pub gpu_cluster: bool,
     /// A `ClusterPolicy` (the device-plugin plane's CR) exists.
     pub cluster_policy: bool,
-    /// Mode for new GPU nodes when both CRs exist (`DEFAULT_GPU_ALLOCATION_MODE`).
+    /// The `GPUCluster` serves the device-plugin plane too (`spec.devicePlugin.enabled`).
+    pub gpu_cluster_device_plugin: bool,
+    /// Mode for new GPU nodes when both planes are served (`DEFAULT_GPU_ALLOCATION_MODE`).
     pub default_mode: AllocationMode,
     /// The active driver upgrade policy lets the driver manager upgrade drivers automatically.
     pub driver_auto_upgrade: bool,
 }
 
 impl Cluster {
-    /// The mode a GPU node without one gets: the only CR's stack, or the default with both.
+    /// The mode a GPU node without one gets: the only plane served, or the default when both are
+    /// (by one CR or two).
     fn mode_for_new_nodes(&self) -> Option<AllocationMode> {
-        match (self.gpu_cluster, self.cluster_policy) {
+        match (
+            self.serves(AllocationMode::Dra),
+            self.serves(AllocationMode::DevicePlugin),
+        ) {
             (true, false) => Some(AllocationMode::Dra),
             (false, true) => Some(AllocationMode::DevicePlugin),
             (true, true) => Some(self.default_mode),
@@ -33,7 +39,9 @@ impl Cluster {
     fn serves(&self, mode: AllocationMode) -> bool {
         match mode {
             AllocationMode::Dra => self.gpu_cluster,
-            AllocationMode::DevicePlugin => self.cluster_policy,
+            AllocationMode::DevicePlugin => {
+                self.cluster_policy || (self.gpu_cluster && self.gpu_cluster_device_plugin)
+            }
         }
     }
 }
@@ -203,6 +211,16 @@ pub fn plan(
         }
     }
 
+    // One plane per node: while the DRA plugin stays for claims still held, the device-plugin
+    // plane's operands wait, so no GPU is offered by both planes at once.
+    let dra_driver_kept =
+        needs_claim_lookup || findings.contains(&Finding::DraDriverRemovalDeferred);
+    if dra_driver_kept && mode == Some(AllocationMode::DevicePlugin) {
+        let device_plugin_plane =
+            |key: &str| l::DEVICE_PLUGIN_PLANE_KEYS.contains(&key) || key == l::DEPLOY_MIG_MANAGER;
+        desired.retain(|key, want| want.is_none() || !device_plugin_plane(key));
+    }
+
     let mut annotations_plan = BTreeMap::new();
     if gpu && active_cr {
         let want = cluster.driver_auto_upgrade.then(|| "true".to_owned());
@@ -243,6 +261,7 @@ mod tests {
         Cluster {
             gpu_cluster,
             cluster_policy,
+            gpu_cluster_device_plugin: false,
             default_mode: AllocationMode::DevicePlugin,
             driver_auto_upgrade: false,
         }
@@ -251,6 +270,7 @@ mod tests {
     const GC: Cluster = Cluster {
         gpu_cluster: true,
         cluster_policy: false,
+        gpu_cluster_device_plugin: false,
         default_mode: AllocationMode::DevicePlugin,
         driver_auto_upgrade: false,
     };
@@ -272,6 +292,70 @@ mod tests {
 
     fn sets<'a>(p: &'a Plan, key: &str) -> Option<&'a str> {
         p.labels.get(key).and_then(|v| v.as_deref())
+    }
+
+    /// A GPUCluster that serves both planes, with `default_mode` for new nodes.
+    fn both_planes(default_mode: AllocationMode) -> Cluster {
+        Cluster {
+            gpu_cluster_device_plugin: true,
+            default_mode,
+            ..GC
+        }
+    }
+
+    #[test]
+    fn a_gpucluster_serving_both_planes_puts_new_nodes_in_the_default_mode() {
+        let dp = labels_after(
+            &[(NFD, "true")],
+            &both_planes(AllocationMode::DevicePlugin),
+            GpuClaims::Unknown,
+        );
+        assert_eq!(dp.get(MODE).map(String::as_str), Some("device-plugin"));
+        assert_eq!(dp.get(DP).map(String::as_str), Some("true"));
+        assert!(!dp.contains_key(DRA));
+
+        let dra = labels_after(
+            &[(NFD, "true")],
+            &both_planes(AllocationMode::Dra),
+            GpuClaims::Unknown,
+        );
+        assert_eq!(dra.get(MODE).map(String::as_str), Some("dra"));
+        assert_eq!(dra.get(DRA).map(String::as_str), Some("true"));
+        assert!(!dra.contains_key(DP));
+    }
+
+    #[test]
+    fn switching_a_node_to_device_plugin_moves_its_deploy_labels() {
+        let c = both_planes(AllocationMode::Dra);
+        let on_dra = labels_after(&[(NFD, "true")], &c, GpuClaims::Unknown);
+        let mut switched: Vec<(&str, &str)> = on_dra
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .filter(|(k, _)| *k != MODE)
+            .collect();
+        switched.push((MODE, "device-plugin"));
+        let after = labels_after(&switched, &c, GpuClaims::None);
+        assert_eq!(after.get(DP).map(String::as_str), Some("true"));
+        assert!(!after.contains_key(DRA), "{after:?}");
+        assert!(
+            !after
+                .keys()
+                .any(|k| k.ends_with("-dra") || k.ends_with("dra-validator")),
+            "{after:?}"
+        );
+    }
+
+    #[test]
+    fn a_gpucluster_without_its_device_plugin_keeps_new_nodes_on_dra() {
+        let dra = labels_after(
+            &[(NFD, "true")],
+            &Cluster {
+                default_mode: AllocationMode::DevicePlugin,
+                ..GC
+            },
+            GpuClaims::Unknown,
+        );
+        assert_eq!(dra.get(MODE).map(String::as_str), Some("dra"));
     }
 
     #[test]
@@ -512,7 +596,12 @@ mod tests {
             Some(&None),
             "consumers go first"
         );
-        assert_eq!(sets(&held, DP), Some("true"));
+        assert_eq!(
+            sets(&held, DP),
+            None,
+            "no device plugin while the DRA plugin serves held claims: one plane per node"
+        );
+        assert_eq!(sets(&unknown, DP), None);
         assert!(
             !held.labels.contains_key(l::DEPLOY_DRIVER),
             "the shared driver key stays"
@@ -520,6 +609,11 @@ mod tests {
 
         let free = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::None);
         assert_eq!(free.labels.get(DRA), Some(&None));
+        assert_eq!(
+            sets(&free, DP),
+            Some("true"),
+            "the device plugin once DRA is gone"
+        );
         assert!(!free.is_deferred() && !free.needs_claim_lookup);
     }
 

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use super::plugin::pull_secrets;
 use super::{
-    Inputs, Object, RenderError, admin_claim_template, env, meta, pod_labels, resources, typed,
-    update_strategy,
+    Inputs, Object, Operand, RenderError, admin_claim_template, env, meta, operand_daemonset,
+    resources, typed,
 };
 
 const EXPORTER_PORT: u16 = 9400;
@@ -174,30 +174,21 @@ fn daemonset(
     volumes: Vec<Value>,
     pull_secret_names: &[String],
 ) -> Object {
-    let ds = &spec.daemonsets;
-    let selector = json!({"app": name});
-    Object::DaemonSet(typed(json!({
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": meta(name, inputs.namespace, component),
-        "spec": {
-            "selector": {"matchLabels": selector},
-            "updateStrategy": update_strategy(ds, "1"),
-            "template": {
-                "metadata": {"labels": pod_labels(selector, ds), "annotations": json!(ds.annotations)},
-                "spec": {
-                    "serviceAccountName": service_account,
-                    "priorityClassName": ds.priority_class_name,
-                    "nodeSelector": {deploy_label: "true"},
-                    "tolerations": json!(ds.tolerations),
-                    "imagePullSecrets": pull_secrets(pull_secret_names),
-                    "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": claim_template}],
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
-        },
-    })))
+    let pod = json!({
+        "serviceAccountName": service_account,
+        "nodeSelector": {deploy_label: "true"},
+        "imagePullSecrets": pull_secrets(pull_secret_names),
+        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": claim_template}],
+        "containers": [container],
+        "volumes": volumes,
+    });
+    let operand = Operand {
+        name,
+        component,
+        selector: json!({"app": name}),
+        default_max_unavailable: "1",
+    };
+    operand_daemonset(operand, inputs, &spec.daemonsets, json!({}), pod)
 }
 
 fn service(inputs: &Inputs<'_>, name: &str, component: &str, port_name: &str, port: u16) -> Object {

@@ -6,6 +6,7 @@
 
 mod classes;
 mod dcgm;
+mod device_plugin;
 mod plugin;
 mod policy;
 mod validator;
@@ -132,6 +133,7 @@ pub fn desired(spec: &GPUClusterSpec, inputs: &Inputs<'_>) -> Desired {
     push(Ok(classes::device_classes(spec)));
     push(Ok(policy::resource_slice_policy(inputs.namespace)));
     push(plugin::kubelet_plugin(spec, inputs));
+    push(device_plugin::device_plugin(spec, inputs));
     push(validator::validator(spec, inputs));
     push(dcgm::exporter(spec, inputs));
     push(dcgm::standalone(spec, inputs));
@@ -188,6 +190,49 @@ fn update_strategy(ds: &DaemonsetsSpec, default_max_unavailable: &str) -> Value 
             json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max}})
         }
     }
+}
+
+/// What tells one operand DaemonSet from another.
+struct Operand<'a> {
+    /// Its name.
+    name: &'a str,
+    /// `app.kubernetes.io/component` of the DaemonSet.
+    component: &'a str,
+    /// The pod labels the DaemonSet selects by.
+    selector: Value,
+    /// `maxUnavailable` of a rolling update when the spec sets none.
+    default_max_unavailable: &'a str,
+}
+
+/// An operand DaemonSet: `pod` (the pod spec's own fields, its node selector among them) with the
+/// spec's DaemonSet settings around it: pod labels and annotations, priority class, tolerations
+/// and update strategy. `extra_labels` are added to the pod's labels.
+fn operand_daemonset(
+    operand: Operand<'_>,
+    inputs: &Inputs<'_>,
+    ds: &DaemonsetsSpec,
+    extra_labels: Value,
+    mut pod: Value,
+) -> Object {
+    pod["priorityClassName"] = json!(ds.priority_class_name);
+    pod["tolerations"] = json!(ds.tolerations);
+    let mut labels = pod_labels(operand.selector.clone(), ds);
+    if let (Value::Object(labels), Value::Object(extra)) = (&mut labels, extra_labels) {
+        labels.extend(extra);
+    }
+    Object::DaemonSet(typed(json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": meta(operand.name, inputs.namespace, operand.component),
+        "spec": {
+            "selector": {"matchLabels": operand.selector},
+            "updateStrategy": update_strategy(ds, operand.default_max_unavailable),
+            "template": {
+                "metadata": {"labels": labels, "annotations": json!(ds.annotations)},
+                "spec": pod,
+            },
+        },
+    })))
 }
 
 /// `"25%"` stays a string; `"1"` becomes the number the apiserver requires (Helm values often quote it).

@@ -8,8 +8,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
 use super::{
-    Inputs, Object, RenderError, env, meta, node_name_env, pod_labels, resources, typed,
-    update_strategy,
+    Inputs, Object, Operand, RenderError, env, meta, node_name_env, operand_daemonset, pod_labels,
+    resources, typed,
 };
 
 const COMPONENT: &str = "dra-driver";
@@ -46,9 +46,48 @@ pub fn kubelet_plugin(
     if cd {
         plugin_specs.push(&dra.compute_domains.kubelet_plugin);
     }
-    let init = json!({
+    let init = driver_validation(spec, &validator_image, json!(max_resources(&plugin_specs)));
+    let pod = json!({
+        "serviceAccountName": o::KUBELET_PLUGIN_SERVICE_ACCOUNT,
+        "nodeSelector": {l::DEPLOY_DRA_DRIVER: "true"},
+        "affinity": gpu_node_affinity(),
+        "imagePullSecrets": pull_secrets(&dra.image.image_pull_secrets),
+        "initContainers": [init],
+        "containers": containers,
+        "volumes": [
+            host_path("plugins-registry", &format!("{kubelet_root}/plugins_registry"), "DirectoryOrCreate"),
+            host_path("plugins", &format!("{kubelet_root}/plugins"), "DirectoryOrCreate"),
+            host_path("cdi", paths::CDI_ROOT, "DirectoryOrCreate"),
+            host_path("host-root", "/", "Directory"),
+            host_path("driver-root", &spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
+            host_path("validations", paths::VALIDATIONS_DIR, "DirectoryOrCreate"),
+        ],
+    });
+    let operand = Operand {
+        name: o::KUBELET_PLUGIN_DAEMONSET,
+        component: COMPONENT,
+        selector: json!({"app": o::KUBELET_PLUGIN_DAEMONSET}),
+        default_max_unavailable: "100%",
+    };
+    let mut objects = vec![operand_daemonset(
+        operand,
+        inputs,
+        &spec.daemonsets,
+        json!({}),
+        pod,
+    )];
+    if cd {
+        objects.push(compute_domain_controller(spec, inputs, pull));
+    }
+    Ok(objects)
+}
+
+/// The init container that waits for the driver and writes `driver-ready`, as every node-side
+/// plugin's first step.
+pub(super) fn driver_validation(spec: &GPUClusterSpec, image: &str, resources: Value) -> Value {
+    json!({
         "name": "driver-validation",
-        "image": validator_image,
+        "image": image,
         "imagePullPolicy": spec.validator.image.pull_policy().as_str(),
         "command": ["dra-driver-validator", "driver"],
         "env": env(&[
@@ -61,57 +100,25 @@ pub fn kubelet_plugin(
         // The validator image runs as a non-root user; writing driver-ready into the node's
         // validations folder (root's, 0755) needs root.
         "securityContext": {"privileged": true, "runAsUser": 0},
-        "resources": json!(max_resources(&plugin_specs)),
+        "resources": resources,
         "volumeMounts": [
             {"name": "host-root", "mountPath": paths::HOST_ROOT_CTR_PATH, "readOnly": true, "mountPropagation": "HostToContainer"},
             {"name": "driver-root", "mountPath": paths::DRIVER_ROOT_CTR_PATH, "mountPropagation": "HostToContainer"},
             {"name": "validations", "mountPath": paths::VALIDATIONS_DIR},
         ],
-    });
-    let ds = &spec.daemonsets;
-    let selector = json!({"app": o::KUBELET_PLUGIN_DAEMONSET});
-    let daemonset = json!({
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": meta(o::KUBELET_PLUGIN_DAEMONSET, inputs.namespace, COMPONENT),
-        "spec": {
-            "selector": {"matchLabels": selector},
-            "updateStrategy": update_strategy(ds, "100%"),
-            "template": {
-                "metadata": {"labels": pod_labels(selector, ds), "annotations": json!(ds.annotations)},
-                "spec": {
-                    "serviceAccountName": o::KUBELET_PLUGIN_SERVICE_ACCOUNT,
-                    "priorityClassName": ds.priority_class_name,
-                    "nodeSelector": {l::DEPLOY_DRA_DRIVER: "true"},
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": l::NFD_GPU_LABELS[0], "operator": "In", "values": ["true"]}]},
-                        {"matchExpressions": [{"key": "feature.node.kubernetes.io/cpu-model.vendor_id", "operator": "In", "values": ["NVIDIA"]}]},
-                        {"matchExpressions": [{"key": l::GPU_PRESENT, "operator": "In", "values": ["true"]}]},
-                    ]}}},
-                    "tolerations": json!(ds.tolerations),
-                    "imagePullSecrets": pull_secrets(&dra.image.image_pull_secrets),
-                    "initContainers": [init],
-                    "containers": containers,
-                    "volumes": [
-                        host_path("plugins-registry", &format!("{kubelet_root}/plugins_registry"), "DirectoryOrCreate"),
-                        host_path("plugins", &format!("{kubelet_root}/plugins"), "DirectoryOrCreate"),
-                        host_path("cdi", paths::CDI_ROOT, "DirectoryOrCreate"),
-                        host_path("host-root", "/", "Directory"),
-                        host_path("driver-root", &spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
-                        host_path("validations", paths::VALIDATIONS_DIR, "DirectoryOrCreate"),
-                    ],
-                },
-            },
-        },
-    });
-    let mut objects = vec![Object::DaemonSet(typed(daemonset))];
-    if cd {
-        objects.push(compute_domain_controller(spec, inputs, pull));
-    }
-    Ok(objects)
+    })
 }
 
-fn host_path(name: &str, path: &str, kind: &str) -> Value {
+/// The node affinity every GPU operand shares: a node NFD or the labeler marks as a GPU node.
+pub(super) fn gpu_node_affinity() -> Value {
+    json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": l::NFD_GPU_LABELS[0], "operator": "In", "values": ["true"]}]},
+        {"matchExpressions": [{"key": "feature.node.kubernetes.io/cpu-model.vendor_id", "operator": "In", "values": ["NVIDIA"]}]},
+        {"matchExpressions": [{"key": l::GPU_PRESENT, "operator": "In", "values": ["true"]}]},
+    ]}}})
+}
+
+pub(super) fn host_path(name: &str, path: &str, kind: &str) -> Value {
     json!({"name": name, "hostPath": {"path": path, "type": kind}})
 }
 

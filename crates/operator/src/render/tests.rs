@@ -59,6 +59,7 @@ fn default_spec_renders_every_default_operand() {
             "ValidatingAdmissionPolicyBinding/resourceslices-policy-nvidia-dra-driver",
             "DaemonSet/nvidia-dra-driver-kubelet-plugin",
             "Deployment/nvidia-dra-driver-controller",
+            "DaemonSet/nvidia-device-plugin-daemonset",
             "ResourceClaimTemplate/nvidia-dra-validator-gpu",
             "DaemonSet/nvidia-dra-validator",
             "ResourceClaimTemplate/nvidia-dcgm-exporter-admin",
@@ -86,6 +87,9 @@ fn fully_customised_spec() {
                                   "healthcheck": {"enabled": false}}}
         },
         "validator": {"image": "registry.example/custom/validator:dev", "env": [{"name": "SLEEP_INTERVAL_SECONDS", "value": "2"}]},
+        "devicePlugin": {"image": "registry.example/custom/device-plugin:dev", "config": {"migStrategy": "mixed"},
+                         "env": [{"name": "HEALTH_RECOVERY_PERIOD", "value": "300"}],
+                         "resources": {"limits": {"memory": "64Mi"}}},
         "dcgmExporter": {"args": ["-f", "/etc/custom.csv"], "config": {"name": "metrics"},
                          "serviceMonitor": {"interval": "30s", "honorLabels": true, "additionalLabels": {"release": "prom"}}},
         "dcgm": {"enabled": true, "hostPort": 5556},
@@ -105,6 +109,29 @@ fn fully_customised_spec() {
     assert!(ids(&d).contains(&"ServiceMonitor/nvidia-dcgm-exporter-dra".to_string()));
     assert!(ids(&d).contains(&"DaemonSet/nvidia-dcgm-dra".to_string()));
     insta::assert_snapshot!("customised", yaml(&d));
+}
+
+#[test]
+fn the_device_plugin_uses_the_plugin_image_and_can_be_turned_off() {
+    let d = render(&spec(json!({})), ClusterFacts::default());
+    let dp = d
+        .objects
+        .iter()
+        .find(|o| o.id() == "DaemonSet/nvidia-device-plugin-daemonset")
+        .unwrap()
+        .to_value();
+    let pod = &dp["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"]["nvidia.com/gpu.deploy.device-plugin"],
+        "true"
+    );
+    assert_eq!(pod["containers"][0]["image"], images().dra_driver);
+    assert_eq!(pod["initContainers"][0]["name"], "driver-validation");
+    let off = render(
+        &spec(json!({"devicePlugin": {"enabled": false}})),
+        ClusterFacts::default(),
+    );
+    assert!(!ids(&off).iter().any(|i| i.contains("device-plugin")));
 }
 
 #[test]
