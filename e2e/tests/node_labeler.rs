@@ -118,6 +118,9 @@ async fn node_labeler_on_the_local_cluster() -> anyhow::Result<()> {
             ("HTTP_ENDPOINT", METRICS),
             ("POD_NAMESPACE", NS),
             ("POD_NAME", "labeler-e2e"),
+            // The install guide's flag: unset, new GPU nodes would go to the device-plugin plane,
+            // which the GPUCluster serves too.
+            ("DEFAULT_GPU_ALLOCATION_MODE", "dra"),
         ],
     )?;
     let gpu_node_count = eventually(

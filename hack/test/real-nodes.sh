@@ -10,7 +10,8 @@
 # GPU, a two-GPU claim, a kubelet restart, CEL selection by product and memory, the exporter's
 # admin-access claim, the plugin pod replaced under a prepared claim, a MIG claim, the plugin SIGKILLed
 # mid-prepare, a mode switch under a running pod (the node then served by the device plugin: allocatable
-# nvidia.com/gpu and a pod asking nvidia.com/gpu: 1 given its GPU through CDI), and an uninstall that leaves no pod, claim, CDI spec
+# nvidia.com/gpu and a pod asking nvidia.com/gpu: 1 given its GPU through CDI), the same pod spec served
+# on a DRA node through the class's extended-resource mapping, and an uninstall that leaves no pod, claim, CDI spec
 # or checkpoint entry. On exit, pass or fail, it takes the cluster down and checks that no process,
 # network namespace, link, cgroup, mount or firewall rule is left.
 set -euo pipefail
@@ -401,8 +402,43 @@ check_gpu_pod() {
     fail "$name on $node: expected $count GPU(s) of the node, got: $(tr '\n' ';' <<<"$log")"
   fi
 }
+# resource_pod NAME NODE: a pod pinned to NODE asking nvidia.com/gpu: 1 (no claim), listing its GPUs.
+resource_pod() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: $2}
+  containers:
+  - name: workload
+    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
+    command: ["sh", "-c", "$LIST_GPUS"]
+    resources:
+      limits: {nvidia.com/gpu: 1}
+EOF
+}
 gpu_pod gpu-workload real-gpu-0 1
 check_gpu_pod gpu-workload real-gpu-0 1
+# The same extended resource a device-plugin node offers, on a DRA node: DeviceClass gpu.nvidia.com
+# maps nvidia.com/gpu (the apiserver serves the field), so the scheduler gives the pod a claim of
+# that class and the DRA plugin prepares it.
+mapped="$(k get deviceclass gpu.nvidia.com -o jsonpath='{.spec.extendedResourceName}')"
+if [[ "$mapped" == nvidia.com/gpu ]]; then
+  resource_pod mapped-workload real-gpu-0
+  check_gpu_pod mapped-workload real-gpu-0 1
+  mapped_claim="$(k -n default get pod mapped-workload -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')"
+  if [[ -n "$mapped_claim" ]]; then
+    pass "mapped-workload's nvidia.com/gpu was served by DRA claim $mapped_claim"
+  else
+    fail "mapped-workload has no extended-resource claim: $(k -n default get pod mapped-workload -o jsonpath='{.status}' | head -c 300)"
+  fi
+  k -n default delete pod mapped-workload --wait=false >/dev/null
+else
+  fail "DeviceClass gpu.nvidia.com maps '$mapped', not nvidia.com/gpu"
+fi
 gpu_pod two-gpus real-gpu-1 2
 check_gpu_pod two-gpus real-gpu-1 2
 
@@ -564,21 +600,7 @@ if wait_until 120 running switch; then
   else
     fail "device plugin on real-gpu-1: pod '$(dp_on real-gpu-1)', allocatable nvidia.com/gpu '$(allocatable real-gpu-1)', label '$(label_of real-gpu-1 device-plugin)'"
   fi
-  k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: dp-workload, namespace: default}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  nodeSelector: {kubernetes.io/hostname: real-gpu-1}
-  containers:
-  - name: workload
-    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
-    command: ["sh", "-c", "$LIST_GPUS"]
-    resources:
-      limits: {nvidia.com/gpu: 1}
-EOF
+  resource_pod dp-workload real-gpu-1
   check_gpu_pod dp-workload real-gpu-1 1
   k -n default delete pod dp-workload --wait=false >/dev/null
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null

@@ -216,6 +216,10 @@ pub mod cdi {
     pub const DEVICE_PLUGIN_SPEC_FILE: &str = "k8s.device-plugin.nvidia.com-gpu.yaml";
 }
 
+/// The extended resource of a whole GPU, on either plane: the device plugin's resource, and the
+/// one DeviceClass `gpu.nvidia.com` maps where the apiserver serves extended-resource mapping.
+pub const GPU_EXTENDED_RESOURCE: &str = "nvidia.com/gpu";
+
 /// Names of the objects the operator owns.
 pub mod objects {
     /// DaemonSet of the DRA kubelet plugin.

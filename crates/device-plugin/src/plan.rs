@@ -12,7 +12,7 @@ use kubelet_plugin::devices::NodeDevice;
 use std::collections::BTreeMap;
 
 /// The resource of whole GPUs (and of MIG devices under the `single` strategy).
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+pub const GPU_RESOURCE: &str = api::contract::GPU_EXTENDED_RESOURCE;
 /// Separates a UUID from its replica number in a time-sliced device ID.
 pub const REPLICA_SEPARATOR: &str = "::";
 

@@ -3,142 +3,18 @@
 //! service on a real Unix socket. The test dials the plugin's socket with the generated client,
 //! as the kubelet's device manager does.
 
-use device_plugin::proto::device_plugin_client::DevicePluginClient;
-use device_plugin::proto::registration_server::{Registration, RegistrationServer};
+mod support;
+
 use device_plugin::proto::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
-    ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
+    ListAndWatchResponse, PreferredAllocationRequest,
 };
-use gpu_discovery::testing::{FakeNode, configure, install_inventory_mig_caps};
-use gpu_discovery::{InitMode, NvmlSession};
+use gpu_discovery::testing::configure;
 use serde_json::json;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::Duration;
+use support::{Plugin, serve_kubelet};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status, Streaming};
-
-/// The kubelet's registration service: hands every request to the test.
-struct Kubelet(mpsc::UnboundedSender<RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for Kubelet {
-    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(Response::new(Empty {}))
-    }
-}
-
-/// Serves the kubelet's socket in `dir` until the returned sender is dropped or fired.
-fn serve_kubelet(
-    dir: &Path,
-    tx: mpsc::UnboundedSender<RegisterRequest>,
-) -> tokio::sync::oneshot::Sender<()> {
-    let path = dir.join("kubelet.sock");
-    let _ = std::fs::remove_file(&path);
-    let listener = tokio::net::UnixListener::bind(&path).expect("bind kubelet.sock");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(Kubelet(tx)))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                async {
-                    let _ = stopped.await;
-                },
-            ),
-    );
-    stop
-}
-
-/// A running plugin and the node it serves; the process is killed on drop.
-struct Plugin {
-    child: Child,
-    node: FakeNode,
-    dir: tempfile::TempDir,
-    /// UUIDs of the GPUs, by NVML index.
-    gpus: Vec<String>,
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Plugin {
-    fn start(mock: serde_json::Value, config_file: Option<&str>) -> Self {
-        let node = FakeNode::new();
-        let library = node.install_host_driver(&mock);
-        let session = NvmlSession::open(&library, InitMode::Full).expect("mock NVML opens");
-        let inventory = session.inventory().expect("inventory");
-        install_inventory_mig_caps(&node.host_root(), &inventory);
-        let gpus = inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
-        // Short paths: Unix socket paths are limited to 107 bytes.
-        let dir = tempfile::Builder::new()
-            .prefix("dp")
-            .tempdir_in("/tmp")
-            .expect("temp dir");
-        std::fs::create_dir_all(dir.path().join("device-plugins")).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-device-plugin"));
-        cmd.env_clear()
-            .env("NODE_NAME", "gpu-node-0")
-            .env("NVIDIA_DRIVER_ROOT", node.host_root())
-            .env("DRIVER_ROOT_CTR_PATH", node.host_root())
-            .env("DRIVER_READY_FILE", dir.path().join("no-driver-ready"))
-            .env("PROCFS_ROOT", node.host_root())
-            .env("CDI_ROOT", dir.path().join("cdi"))
-            .env("DEVICE_PLUGIN_PATH", dir.path().join("device-plugins"))
-            .env("HEALTH_PROBE_INTERVAL", "0.2")
-            .env("HEALTH_RECOVERY_PERIOD", "1")
-            .env("RUST_LOG", "warn");
-        if let Some(text) = config_file {
-            let path = dir.path().join("config.yaml");
-            std::fs::write(&path, text).unwrap();
-            cmd.env("CONFIG_FILE", path);
-        }
-        let child = cmd.spawn().expect("start gpu-device-plugin");
-        Self {
-            child,
-            node,
-            dir,
-            gpus,
-        }
-    }
-
-    fn plugins_dir(&self) -> PathBuf {
-        self.dir.path().join("device-plugins")
-    }
-
-    async fn connect(&self, socket: &str) -> DevicePluginClient<Channel> {
-        let channel = kubelet_plugin::client::connect_unix(&self.plugins_dir().join(socket))
-            .await
-            .expect("dial the plugin socket");
-        DevicePluginClient::new(channel)
-    }
-}
-
-impl Plugin {
-    /// The next registration, failing at once if the plugin has exited.
-    async fn next_registration(
-        &mut self,
-        rx: &mut mpsc::UnboundedReceiver<RegisterRequest>,
-    ) -> RegisterRequest {
-        for _ in 0..300 {
-            if let Ok(Some(request)) =
-                tokio::time::timeout(Duration::from_millis(100), rx.recv()).await
-            {
-                return request;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("gpu-device-plugin exited ({status}) before registering; its log is above");
-            }
-        }
-        panic!("the plugin did not register within 30 s");
-    }
-}
+use tonic::Streaming;
 
 async fn next_list(stream: &mut Streaming<ListAndWatchResponse>) -> Vec<(String, String)> {
     let update = tokio::time::timeout(Duration::from_secs(15), stream.message())

@@ -29,3 +29,34 @@ pub(super) async fn served(client: &kube::Client) -> Served {
         service_monitors: has("monitoring.coreos.com", "v1", "servicemonitors").await,
     }
 }
+
+/// Whether the apiserver keeps `DeviceClass.spec.extendedResourceName` (feature DRAExtendedResource,
+/// beta and on by default in 1.36): a server-side dry-run create of a class with the field, which
+/// an apiserver with the feature off drops. `None` when the API could not say (asked again later).
+pub(super) async fn extended_resources_served(client: &kube::Client) -> Option<bool> {
+    use k8s_openapi::api::resource::v1::{DeviceClass, DeviceClassSpec};
+    let probe = DeviceClass {
+        metadata: kube::api::ObjectMeta {
+            generate_name: Some("gpu-operator-probe-".into()),
+            ..Default::default()
+        },
+        spec: DeviceClassSpec {
+            extended_resource_name: Some("gpu-operator-rs.dev/probe".into()),
+            ..Default::default()
+        },
+    };
+    let params = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match kube::Api::<DeviceClass>::all(client.clone())
+        .create(&params, &probe)
+        .await
+    {
+        Ok(answer) => Some(answer.spec.extended_resource_name.is_some()),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not tell whether DeviceClass.spec.extendedResourceName is served");
+            None
+        }
+    }
+}

@@ -88,6 +88,8 @@ struct Context {
     settings: Settings,
     recorder: Recorder,
     metrics: Metrics,
+    /// Whether the apiserver serves `DeviceClass.spec.extendedResourceName`, once known.
+    extended_resources: tokio::sync::OnceCell<bool>,
 }
 
 impl Context {
@@ -149,6 +151,16 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         images: &ctx.settings.images,
         facts: ClusterFacts {
             service_monitors_served: served.service_monitors,
+            extended_resources_served: ctx
+                .extended_resources
+                .get_or_try_init(|| async {
+                    discovery::extended_resources_served(&ctx.client)
+                        .await
+                        .ok_or(())
+                })
+                .await
+                .copied()
+                .unwrap_or(false),
         },
     };
     let desired = render::desired(&gc.spec, &inputs);
@@ -252,6 +264,7 @@ pub async fn run(
         client: client.clone(),
         settings,
         metrics,
+        extended_resources: tokio::sync::OnceCell::new(),
     });
     Controller::new(
         Api::<GPUCluster>::all(client.clone()),

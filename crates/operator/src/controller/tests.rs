@@ -102,6 +102,13 @@ impl FakeApi {
             }
             return not_found(path);
         }
+        if method == Method::POST && path == "/apis/resource.k8s.io/v1/deviceclasses" {
+            // The extended-resource probe, a dry run: answered as an apiserver that serves the
+            // field, and not a write.
+            let mut class: Value = serde_json::from_slice(body).unwrap();
+            class["metadata"]["name"] = json!("gpu-operator-probe-x");
+            return reply(StatusCode::CREATED, &class);
+        }
         if path.starts_with("/apis/events.k8s.io/") {
             self.writes.lock().unwrap().push(format!("EVENT {path}"));
             return reply(StatusCode::CREATED, &serde_json::from_slice(body).unwrap());
@@ -164,6 +171,7 @@ impl FakeApi {
                 },
             },
             metrics: Metrics::default(),
+            extended_resources: tokio::sync::OnceCell::new(),
         })
     }
 }

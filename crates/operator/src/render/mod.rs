@@ -46,6 +46,8 @@ pub struct DefaultImages {
 pub struct ClusterFacts {
     /// `monitoring.coreos.com/v1` ServiceMonitors are served.
     pub service_monitors_served: bool,
+    /// `DeviceClass.spec.extendedResourceName` is served (DRAExtendedResource).
+    pub extended_resources_served: bool,
 }
 
 /// Everything rendering needs besides the spec.
@@ -130,7 +132,7 @@ pub fn desired(spec: &GPUClusterSpec, inputs: &Inputs<'_>) -> Desired {
         Err(e) if out.errors.contains(&e) => {}
         Err(e) => out.errors.push(e),
     };
-    push(Ok(classes::device_classes(spec)));
+    push(Ok(classes::device_classes(spec, inputs.facts)));
     push(Ok(policy::resource_slice_policy(inputs.namespace)));
     push(plugin::kubelet_plugin(spec, inputs));
     push(device_plugin::device_plugin(spec, inputs));

@@ -103,12 +103,49 @@ fn fully_customised_spec() {
         &s,
         ClusterFacts {
             service_monitors_served: true,
+            ..ClusterFacts::default()
         },
     );
     assert!(d.errors.is_empty(), "{:?}", d.errors);
     assert!(ids(&d).contains(&"ServiceMonitor/nvidia-dcgm-exporter-dra".to_string()));
     assert!(ids(&d).contains(&"DaemonSet/nvidia-dcgm-dra".to_string()));
     insta::assert_snapshot!("customised", yaml(&d));
+}
+
+#[test]
+fn the_gpu_class_maps_nvidia_com_gpu_only_where_the_apiserver_serves_it() {
+    let class = |facts| {
+        render(&spec(json!({})), facts)
+            .objects
+            .iter()
+            .find(|o| o.id() == "DeviceClass/gpu.nvidia.com")
+            .unwrap()
+            .to_value()
+    };
+    let served = class(ClusterFacts {
+        extended_resources_served: true,
+        ..ClusterFacts::default()
+    });
+    assert_eq!(served["spec"]["extendedResourceName"], "nvidia.com/gpu");
+    assert!(
+        class(ClusterFacts::default())["spec"]
+            .get("extendedResourceName")
+            .is_none()
+    );
+    let mig = render(
+        &spec(json!({})),
+        ClusterFacts {
+            extended_resources_served: true,
+            ..ClusterFacts::default()
+        },
+    );
+    let mig = mig
+        .objects
+        .iter()
+        .find(|o| o.id() == "DeviceClass/mig.nvidia.com")
+        .unwrap()
+        .to_value();
+    assert!(mig["spec"].get("extendedResourceName").is_none());
 }
 
 #[test]
@@ -185,7 +222,8 @@ fn service_monitor_only_when_served() {
         ids(&render(
             &s,
             ClusterFacts {
-                service_monitors_served: true
+                service_monitors_served: true,
+                ..ClusterFacts::default()
             }
         ))
         .iter()
