@@ -574,6 +574,17 @@ wait_until 90 no_mig_specs || fail "MIG claims' CDI specs left after their pods 
 # the DRA plugin stays until the pod is gone, then leaves too; switched back, it returns.
 label_of() { k get node "$1" -o jsonpath="{.metadata.labels.nvidia\.com/gpu\.deploy\.$2}"; }
 gpu_pod switch real-gpu-1 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
+# Faults for the device plugin's NVML come from a control file of the mock in the node's own folder,
+# named to the plugin through the GPUCluster (as an admin sets env), with a short recovery period.
+faults="$CLUSTER_DIR/nodes/real-gpu-1/var/lib/kubelet/mock-nvml-faults.json"
+mock_faults() { # LOST_GPUS (JSON list)
+  printf '{"profile": "l4", "gpu_count": 2, "visible_dev_dir": "/dev", "faults": {"lost_gpus": %s}}\n' "$1" >"$faults.tmp"
+  mv "$faults.tmp" "$faults"
+}
+mock_faults '[]'
+k patch gpucluster gpu-cluster --type merge -p '{"spec": {"devicePlugin": {"env": [
+  {"name": "MOCK_NVML_CONFIG", "value": "/host/var/lib/kubelet/mock-nvml-faults.json"},
+  {"name": "HEALTH_RECOVERY_PERIOD", "value": "5"}]}}}' >/dev/null
 if wait_until 120 running switch; then
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=device-plugin --overwrite >/dev/null
   deferred() { [[ -z "$(label_of real-gpu-1 dra-validator)" && "$(label_of real-gpu-1 dra-driver)" == true && -z "$(label_of real-gpu-1 device-plugin)" ]]; }
@@ -600,9 +611,34 @@ if wait_until 120 running switch; then
   else
     fail "device plugin on real-gpu-1: pod '$(dp_on real-gpu-1)', allocatable nvidia.com/gpu '$(allocatable real-gpu-1)', label '$(label_of real-gpu-1 device-plugin)'"
   fi
+  planes() { k get gpucluster gpu-cluster -o jsonpath='{.status.nodes.dra} {.status.nodes.devicePlugin} {.status.nodes.readyDevicePlugin}'; }
+  counted() { [[ "$(planes)" == "3 1 1" ]]; }
+  if wait_until 60 counted; then
+    pass "GPUCluster status counts both planes (dra, devicePlugin, readyDevicePlugin): $(planes)"
+  else
+    fail "GPUCluster status.nodes (dra devicePlugin readyDevicePlugin): $(planes)"
+  fi
   resource_pod dp-workload real-gpu-1
   check_gpu_pod dp-workload real-gpu-1 1
   k -n default delete pod dp-workload --wait=false >/dev/null
+  # A GPU lost (the mock's fault injection): one ListAndWatch update takes it out of the kubelet's
+  # allocatable; after the recovery period with the GPU readable again, it returns.
+  t0=$SECONDS
+  mock_faults '[1]'
+  one_left() { [[ "$(allocatable real-gpu-1)" == 1 ]]; }
+  if wait_until 60 one_left; then
+    lost_after=$((SECONDS - t0))
+    t0=$SECONDS
+    mock_faults '[]'
+    both_back() { [[ "$(allocatable real-gpu-1)" == 2 ]]; }
+    if wait_until 60 both_back; then
+      pass "a GPU lost on real-gpu-1 left the kubelet's allocatable nvidia.com/gpu in ${lost_after}s (2 -> 1) and returned $((SECONDS - t0))s after it recovered (5 s recovery period)"
+    else
+      fail "the recovered GPU did not return: allocatable nvidia.com/gpu '$(allocatable real-gpu-1)'"
+    fi
+  else
+    fail "a GPU lost on real-gpu-1: allocatable nvidia.com/gpu stayed '$(allocatable real-gpu-1)'"
+  fi
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
   returned() { [[ "$(plugin_on real-gpu-1)" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
   dp_gone() { [[ -z "$(dp_on real-gpu-1)" && "$(allocatable real-gpu-1)" =~ ^0?$ ]]; }

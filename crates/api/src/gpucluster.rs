@@ -469,6 +469,9 @@ pub struct OperandStatus {
     pub desired: i32,
     /// Pods available.
     pub available: i32,
+    /// The plane it serves: `dra` or `device-plugin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plane: Option<String>,
 }
 
 /// GPU node counts.
@@ -481,6 +484,12 @@ pub struct NodeCounts {
     pub dra: i32,
     /// DRA nodes whose kubelet plugin pod is ready.
     pub ready_dra: i32,
+    /// GPU nodes in `device-plugin` allocation mode.
+    #[serde(default)]
+    pub device_plugin: i32,
+    /// Device-plugin nodes whose device plugin pod (ours) is ready.
+    #[serde(default)]
+    pub ready_device_plugin: i32,
 }
 
 /// The `GPUCluster` CustomResourceDefinition.

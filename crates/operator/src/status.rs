@@ -1,5 +1,6 @@
 //! Readiness of operands and the `GPUCluster` status built from it. Pure.
 
+use api::AllocationMode;
 use api::gpucluster::{GPUClusterStatus, NodeCounts, OperandStatus, State};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -32,6 +33,17 @@ pub fn daemonset(ds: &DaemonSet, labelled_nodes: i32) -> OperandStatus {
         ready: observed && (empty || (desired == available && desired == updated)),
         desired,
         available,
+        plane: Some(plane_of(&ds.name_any()).to_string()),
+    }
+}
+
+/// The plane an operand serves: the device plugin serves `device-plugin` nodes, every other
+/// operand the `dra` ones.
+pub fn plane_of(name: &str) -> AllocationMode {
+    if name == api::contract::objects::DEVICE_PLUGIN_DAEMONSET {
+        AllocationMode::DevicePlugin
+    } else {
+        AllocationMode::Dra
     }
 }
 
@@ -57,6 +69,7 @@ pub fn deployment(d: &Deployment) -> OperandStatus {
             && available == replicas,
         desired: replicas,
         available,
+        plane: Some(plane_of(&d.name_any()).to_string()),
     }
 }
 
@@ -320,7 +333,26 @@ mod tests {
             ready,
             desired: 3,
             available: if ready { 3 } else { 1 },
+            plane: Some("dra".into()),
         }
+    }
+
+    #[test]
+    fn operands_say_which_plane_they_serve() {
+        assert_eq!(
+            plane_of("nvidia-device-plugin-daemonset"),
+            AllocationMode::DevicePlugin
+        );
+        assert_eq!(plane_of("nvidia-dra-validator"), AllocationMode::Dra);
+        let ds: DaemonSet = serde_json::from_value(
+            json!({"metadata": {"name": "nvidia-device-plugin-daemonset", "generation": 1},
+                   "status": {"observedGeneration": 1, "desiredNumberScheduled": 0,
+                              "currentNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0}}),
+        )
+        .unwrap();
+        let op = daemonset(&ds, 0);
+        assert_eq!(op.plane.as_deref(), Some("device-plugin"));
+        assert!(op.ready, "a plane with no node is ready");
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub use metrics::Metrics;
 use apply::{apply, ensure_admin_access_label, owner_reference, prune};
 use discovery::served;
 use drain::{drain, ensure_finalizer};
-use nodes::{node_counts, node_selector};
+use nodes::{ReadyPlugins, node_counts, node_selector};
 use report::write_status;
 
 /// Field manager of every write the operator makes.
@@ -170,7 +170,7 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
             .await;
     }
     let owner = owner_reference(&gc);
-    let mut plugin_ready = 0;
+    let mut ready_plugins = ReadyPlugins::default();
     let mut daemonsets = Vec::new();
     for object in &desired.objects {
         match apply(&ctx, &gc, object, &owner).await {
@@ -179,8 +179,11 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
                 // (which would make a quietly wrong status).
                 let decoded = match object {
                     Object::DaemonSet(_) => typed::<DaemonSet>(&live).map(|ds| {
-                        if ds.name_any() == o::KUBELET_PLUGIN_DAEMONSET {
-                            plugin_ready = ds.status.as_ref().map(|s| s.number_ready).unwrap_or(0);
+                        let ready = ds.status.as_ref().map(|s| s.number_ready).unwrap_or(0);
+                        match ds.name_any().as_str() {
+                            o::KUBELET_PLUGIN_DAEMONSET => ready_plugins.dra = ready,
+                            o::DEVICE_PLUGIN_DAEMONSET => ready_plugins.device_plugin = ready,
+                            _ => {}
                         }
                         daemonsets.push(ds);
                     }),
@@ -210,7 +213,7 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         }
     }
     let selectors: Vec<_> = daemonsets.iter().map(node_selector).collect();
-    let (nodes, unlabelled, labelled) = node_counts(&ctx, plugin_ready, &selectors).await?;
+    let (nodes, unlabelled, labelled) = node_counts(&ctx, ready_plugins, &selectors).await?;
     observed.nodes = nodes;
     observed.unlabelled_gpu_nodes = unlabelled;
     for (ds, labelled) in daemonsets.iter().zip(labelled) {

@@ -23,16 +23,25 @@ pub(super) fn node_selector(ds: &DaemonSet) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// Counts GPU nodes, DRA-mode ones, those with no allocation mode yet, and for each of `selectors`
-/// the GPU nodes it selects.
+/// Nodes whose plane's plugin pod is ready, as the plugins' DaemonSets count them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ReadyPlugins {
+    /// `nvidia-dra-driver-kubelet-plugin` pods ready.
+    pub(super) dra: i32,
+    /// `nvidia-device-plugin-daemonset` pods ready.
+    pub(super) device_plugin: i32,
+}
+
+/// Counts GPU nodes, those in each mode, those with no allocation mode yet, and for each of
+/// `selectors` the GPU nodes it selects.
 pub(super) async fn node_counts(
     ctx: &Context,
-    plugin_ready: i32,
+    ready: ReadyPlugins,
     selectors: &[BTreeMap<String, String>],
 ) -> Result<(NodeCounts, i32, Vec<i32>), Error> {
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
     let selector = format!("{}=true", l::GPU_PRESENT);
-    let (mut gpu, mut dra) = (0usize, 0usize);
+    let (mut gpu, mut dra, mut device_plugin) = (0usize, 0usize, 0usize);
     let mut selected = vec![0i32; selectors.len()];
     let mut unlabelled = 0i32;
     let mut token: Option<String> = None;
@@ -53,14 +62,16 @@ pub(super) async fn node_counts(
                 *count += i32::from(status::selects(sel, node.labels()));
             }
         }
-        dra += page
-            .items
-            .iter()
-            .filter(|n| {
-                n.labels().get(l::ALLOCATION_MODE).map(String::as_str)
-                    == Some(AllocationMode::Dra.as_str())
-            })
-            .count();
+        let in_mode = |mode: AllocationMode| {
+            page.items
+                .iter()
+                .filter(|n| {
+                    n.labels().get(l::ALLOCATION_MODE).map(String::as_str) == Some(mode.as_str())
+                })
+                .count()
+        };
+        dra += in_mode(AllocationMode::Dra);
+        device_plugin += in_mode(AllocationMode::DevicePlugin);
         match page.metadata.continue_.filter(|t| !t.is_empty()) {
             Some(next) => token = Some(next),
             None => break,
@@ -69,7 +80,9 @@ pub(super) async fn node_counts(
     let counts = NodeCounts {
         gpu: gpu.try_into().unwrap_or(i32::MAX),
         dra: dra.try_into().unwrap_or(i32::MAX),
-        ready_dra: plugin_ready,
+        ready_dra: ready.dra,
+        device_plugin: device_plugin.try_into().unwrap_or(i32::MAX),
+        ready_device_plugin: ready.device_plugin,
     };
     Ok((counts, unlabelled, selected))
 }
