@@ -32,8 +32,8 @@ pub(super) async fn served(client: &kube::Client) -> Served {
 
 /// Whether the apiserver keeps `DeviceClass.spec.extendedResourceName` (feature DRAExtendedResource,
 /// beta and on by default in 1.36): a server-side dry-run create of a class with the field, which
-/// an apiserver with the feature off drops. `None` when the API could not say (asked again later).
-pub(super) async fn extended_resources_served(client: &kube::Client) -> Option<bool> {
+/// an apiserver with the feature off drops.
+pub(super) async fn extended_resources_served(client: &kube::Client) -> Result<bool, kube::Error> {
     use k8s_openapi::api::resource::v1::{DeviceClass, DeviceClassSpec};
     let probe = DeviceClass {
         metadata: kube::api::ObjectMeta {
@@ -49,14 +49,8 @@ pub(super) async fn extended_resources_served(client: &kube::Client) -> Option<b
         dry_run: true,
         ..Default::default()
     };
-    match kube::Api::<DeviceClass>::all(client.clone())
+    let answer = kube::Api::<DeviceClass>::all(client.clone())
         .create(&params, &probe)
-        .await
-    {
-        Ok(answer) => Some(answer.spec.extended_resource_name.is_some()),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not tell whether DeviceClass.spec.extendedResourceName is served");
-            None
-        }
-    }
+        .await?;
+    Ok(answer.spec.extended_resource_name.is_some())
 }

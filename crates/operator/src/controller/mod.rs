@@ -151,16 +151,18 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         images: &ctx.settings.images,
         facts: ClusterFacts {
             service_monitors_served: served.service_monitors,
-            extended_resources_served: ctx
+            // Unknown is an error (retried), never "not served": that would strip the field
+            // from the live class.
+            extended_resources_served: *ctx
                 .extended_resources
                 .get_or_try_init(|| async {
                     discovery::extended_resources_served(&ctx.client)
                         .await
-                        .ok_or(())
+                        .map_err(api_err(
+                            "asking whether DeviceClass.spec.extendedResourceName is served (a dry-run create)",
+                        ))
                 })
-                .await
-                .copied()
-                .unwrap_or(false),
+                .await?,
         },
     };
     let desired = render::desired(&gc.spec, &inputs);
