@@ -165,6 +165,16 @@ pub mod env {
     pub const HTTP_ENDPOINT: &str = "HTTP_ENDPOINT";
     /// Plugin env: feature gates, `Name=bool` pairs.
     pub const FEATURE_GATES: &str = "FEATURE_GATES";
+    /// The validator's `driver-ready` file a plugin reads its roots from.
+    pub const DRIVER_READY_FILE: &str = "DRIVER_READY_FILE";
+    /// The folder whose `proc/` a plugin reads MIG capabilities from.
+    pub const PROCFS_ROOT: &str = "PROCFS_ROOT";
+    /// The kubelet's device-plugins directory, as the device plugin takes it.
+    pub const DEVICE_PLUGIN_PATH: &str = "DEVICE_PLUGIN_PATH";
+    /// The device plugin's MIG strategy (`none`, `single`, `mixed`).
+    pub const MIG_STRATEGY: &str = "MIG_STRATEGY";
+    /// The device plugin's config file (upstream's format).
+    pub const CONFIG_FILE: &str = "CONFIG_FILE";
 }
 
 /// Paths on a node and inside operand containers.

@@ -1,7 +1,7 @@
 //! The running plugin: reads the GPUs, writes the CDI spec, serves one socket per resource and
 //! keeps device health current from NVML.
 
-use crate::config::Config;
+use crate::config::{Config, Offer};
 use crate::health::{Change, Tracker};
 use crate::metrics::Metrics;
 use crate::monitor::{self, Observation};
@@ -26,7 +26,7 @@ pub fn observe(
     now: Instant,
 ) -> Vec<Change> {
     match observation {
-        Observation::Event(event) => tracker.event(event, now).into_iter().collect(),
+        Observation::Event(event) => tracker.event(event).into_iter().collect(),
         Observation::Probe {
             readable,
             unreadable,
@@ -39,7 +39,10 @@ pub fn observe(
             }),
             now,
         ),
-        Observation::NvmlFailed(_) => Vec::new(),
+        Observation::NvmlFailed(_) => {
+            tracker.nvml_failed();
+            Vec::new()
+        }
     }
 }
 
@@ -66,14 +69,11 @@ async fn track_health(
 ) {
     let mut nvml_failing = false;
     while let Some(observation) = observations.recv().await {
-        if let Observation::NvmlFailed(error) = &observation {
-            if !nvml_failing {
-                tracing::error!(%error, "NVML failed; device health unknown, keeping what was last known");
-            }
-            nvml_failing = true;
-            continue;
+        let failed = matches!(observation, Observation::NvmlFailed(_));
+        if let (Observation::NvmlFailed(error), false) = (&observation, nvml_failing) {
+            tracing::error!(%error, "NVML failed; device health unknown, keeping what was last known");
         }
-        nvml_failing = false;
+        nvml_failing = failed;
         let changes = observe(&mut tracker, &observation, &gpus_by_index, Instant::now());
         if changes.is_empty() {
             continue;
@@ -103,10 +103,9 @@ async fn track_health(
 
 /// Reads the GPUs and decides the plan.
 fn read_plan(
-    config: &Config,
+    offer: &Offer,
     roots: &DriverRoots,
 ) -> anyhow::Result<(Plan, BTreeMap<u32, String>, std::path::PathBuf)> {
-    let offer = config.offer()?;
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let session = NvmlSession::open(&library, InitMode::Full)?;
@@ -114,7 +113,7 @@ fn read_plan(
     for gpu in &inventory.unreadable {
         tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");
     }
-    let plan = plan::plan(&inventory, &offer);
+    let plan = plan::plan(&inventory, offer);
     for problem in &plan.problems {
         tracing::warn!("{problem}");
     }
@@ -136,13 +135,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.driver_root_ctr_path,
         ready.as_ref(),
     );
+    tracing::info!(node = %config.node_name, "starting");
+    let offer = config.offer()?;
     let (plan, gpus_by_index, library) =
-        read_plan(&config, &roots).context("reading the GPUs through NVML")?;
+        read_plan(&offer, &roots).context("reading the GPUs through NVML")?;
     let writer = CdiWriter::new(&config.cdi_root, &roots).with_procfs_root(&config.procfs_root);
     let devices: Vec<_> = plan.devices.values().collect();
     if !devices.is_empty() {
-        let spec = crate::cdi::write(&writer, &config.cdi_root, &devices)
-            .context("writing the CDI spec")?;
+        let spec = crate::cdi::write(&writer, &devices).context("writing the CDI spec")?;
         tracing::info!(spec = %spec.display(), devices = devices.len(), "CDI spec written");
     }
     for (name, r) in &plan.resources {
@@ -209,14 +209,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
 
-    service::shutdown::signal().await;
+    // The health task ends only if the NVML monitor died: then nothing would notice a GPU fail,
+    // so the plugin stops (its DaemonSet restarts it) rather than serve stale health.
+    let outcome = tokio::select! {
+        () = service::shutdown::signal() => Ok(()),
+        _ = health => Err(anyhow::anyhow!("the NVML monitor stopped; device health can no longer be read")),
+    };
     tracing::info!("stopping");
     let _ = shutdown_tx.send(true);
     for server in servers {
         let _ = server.await;
     }
-    health.abort();
     drop(monitor);
     tracing::info!("sockets removed; bye");
-    Ok(())
+    outcome
 }

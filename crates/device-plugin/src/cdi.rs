@@ -6,13 +6,11 @@
 //! `NVIDIA_VISIBLE_DEVICES` is not in the spec: `Allocate` sets it for the devices a container got.
 
 use api::contract::cdi::{DEVICE_PLUGIN_KIND, DEVICE_PLUGIN_SPEC_FILE};
-use gpu_discovery::atomic::{Durability, replace};
 use kubelet_plugin::cdi::{
     self as dra_cdi, CdiWriter, Device, DriverView, Spec, WriteError, device_edits, driver_edits,
 };
 use kubelet_plugin::devices::NodeDevice;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The spec of `devices`.
 pub fn spec(devices: &[&NodeDevice], driver: &DriverView) -> Spec {
@@ -30,18 +28,10 @@ pub fn spec(devices: &[&NodeDevice], driver: &DriverView) -> Spec {
     )
 }
 
-/// Writes the spec of `devices` into `cdi_root` (atomically; a spec only matters within this
-/// boot and is written again at every start) and returns its path. Refuses, naming what is
+/// Writes the spec of `devices` into the writer's CDI root (atomically; a spec only matters within
+/// this boot and is written again at every start) and returns its path. Refuses, naming what is
 /// missing, when a device's node or a required driver file is not there.
-pub fn write(
-    writer: &CdiWriter,
-    cdi_root: &Path,
-    devices: &[&NodeDevice],
-) -> Result<PathBuf, WriteError> {
+pub fn write(writer: &CdiWriter, devices: &[&NodeDevice]) -> Result<PathBuf, WriteError> {
     let driver = writer.driver_view(devices)?;
-    std::fs::create_dir_all(cdi_root)?;
-    let yaml = serde_yaml::to_string(&spec(devices, &driver)).map_err(io::Error::other)?;
-    let path = cdi_root.join(DEVICE_PLUGIN_SPEC_FILE);
-    replace(&path, yaml.as_bytes(), Durability::ProcessCrash)?;
-    Ok(path)
+    Ok(writer.write_spec(DEVICE_PLUGIN_SPEC_FILE, &spec(devices, &driver))?)
 }

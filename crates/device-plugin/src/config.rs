@@ -6,7 +6,7 @@
 
 use api::contract::{env, paths};
 use clap::Parser;
-use kubelet_plugin::config::{HttpEndpoint, parse_endpoint};
+use kubelet_plugin::config::{HttpEndpoint, default_driver_ready, parse_endpoint};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -144,6 +144,13 @@ impl FileConfig {
         };
         let mut seen = std::collections::BTreeSet::new();
         for r in &ts.resources {
+            for name in std::iter::once(&r.name).chain(&r.rename) {
+                if !is_resource_name(name) {
+                    return Err(format!(
+                        "sharing.timeSlicing.resources: {name:?} is not an extended resource name; use <domain>/<name>, such as nvidia.com/gpu"
+                    ));
+                }
+            }
             if r.replicas < 2 {
                 return Err(format!(
                     "sharing.timeSlicing.resources[{}].replicas is {}; a shared resource needs at least 2 replicas",
@@ -159,6 +166,27 @@ impl FileConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `name` can name an extended resource: `<domain>/<name>`, a lower-case DNS domain and a
+/// name of letters, digits, `-`, `_` and `.` starting and ending with a letter or digit, at most
+/// 63 characters (which also keeps its socket path short).
+pub fn is_resource_name(name: &str) -> bool {
+    let Some((domain, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    !domain.is_empty()
+        && domain.len() <= 253
+        && domain
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && rest.len() <= 63
+        && edge(rest.chars().next())
+        && edge(rest.chars().last())
+        && rest
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// Why a config text was refused.
@@ -201,10 +229,6 @@ fn default_device_plugin_dir() -> PathBuf {
     PathBuf::from(paths::DEFAULT_KUBELET_ROOT).join("device-plugins")
 }
 
-fn default_driver_ready() -> PathBuf {
-    PathBuf::from(paths::VALIDATIONS_DIR).join(paths::DRIVER_READY_FILE)
-}
-
 fn parse_seconds(value: &str) -> Result<Duration, String> {
     value
         .parse::<f64>()
@@ -223,13 +247,13 @@ pub struct Config {
     #[arg(long, env = env::NODE_NAME, default_value = "")]
     pub node_name: String,
     /// MIG strategy when the config file sets none.
-    #[arg(long, env = "MIG_STRATEGY", default_value = "none")]
+    #[arg(long, env = env::MIG_STRATEGY, default_value = "none")]
     pub mig_strategy: MigStrategy,
     /// The upstream-format config file (MIG strategy, time-slicing); none when unset or empty.
-    #[arg(long, env = "CONFIG_FILE")]
+    #[arg(long, env = env::CONFIG_FILE)]
     pub config_file: Option<PathBuf>,
     /// The kubelet's device-plugins directory (its `kubelet.sock` and the plugin sockets).
-    #[arg(long, env = "DEVICE_PLUGIN_PATH", default_value_os_t = default_device_plugin_dir())]
+    #[arg(long, env = env::DEVICE_PLUGIN_PATH, default_value_os_t = default_device_plugin_dir())]
     pub device_plugin_path: PathBuf,
     /// Host path of the driver install.
     #[arg(long, env = env::NVIDIA_DRIVER_ROOT, default_value = "/")]
@@ -238,10 +262,10 @@ pub struct Config {
     #[arg(long = "container-driver-root", env = env::DRIVER_ROOT_CTR_PATH, default_value = paths::DRIVER_ROOT_CTR_PATH)]
     pub driver_root_ctr_path: PathBuf,
     /// The validator's `driver-ready` file; when present its roots override the flags above.
-    #[arg(long, env = "DRIVER_READY_FILE", default_value_os_t = default_driver_ready())]
+    #[arg(long, env = env::DRIVER_READY_FILE, default_value_os_t = default_driver_ready())]
     pub driver_ready_file: PathBuf,
     /// The folder whose `proc/` MIG capabilities are read from.
-    #[arg(long, env = "PROCFS_ROOT", default_value = "/")]
+    #[arg(long, env = env::PROCFS_ROOT, default_value = "/")]
     pub procfs_root: PathBuf,
     /// Where the CDI spec is written.
     #[arg(long, env = env::CDI_ROOT, default_value = paths::CDI_ROOT)]
@@ -327,6 +351,10 @@ mod tests {
         );
         assert!(err("version: v1\nflags: {migStrategy: half}\n").contains("unknown variant"));
         assert!(err("version: v1\nsharing: {mps: {}}\n").contains("unknown field"));
+        assert!(
+            err("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, rename: shared gpu, replicas: 2}\n")
+                .contains("\"shared gpu\" is not an extended resource name")
+        );
     }
 
     #[test]

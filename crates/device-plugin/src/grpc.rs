@@ -93,10 +93,19 @@ impl DevicePlugin for ResourceService {
                     }
                     last = Some(devices);
                 }
-                tokio::select! {
-                    changed = state.changed() => if changed.is_err() { return },
+                let updates_ended = tokio::select! {
+                    changed = state.changed() => changed.is_err(),
                     _ = stop.wait_for(|s| *s) => return,
                     () = tx.closed() => return,
+                };
+                if updates_ended {
+                    // No more updates (the plugin is stopping): keep the stream open until the
+                    // server stops or the kubelet leaves, so the devices stay listed.
+                    tokio::select! {
+                        _ = stop.wait_for(|s| *s) => {}
+                        () = tx.closed() => {}
+                    }
+                    return;
                 }
             }
         });

@@ -1,10 +1,11 @@
 //! Device health from NVML: which events make a GPU unhealthy, and when it is offered again.
 //!
 //! A GPU turns unhealthy on a fatal XID, a double-bit ECC error, or a probe that finds it lost or
-//! unreadable. It is offered again once probes have read it fine for the whole recovery period
-//! since its last fault, so a flapping GPU stays out until it has been quiet that long (the
-//! damping). Faults of NVML itself (a probe that cannot even count the GPUs) change nothing: the
-//! devices keep the health they had, since nothing new is known about them.
+//! unreadable. It is offered again once every probe has read it fine for the whole recovery period
+//! (the damping: a flapping GPU stays out until it has been quiet that long). Faults of NVML itself
+//! (a probe that cannot even count the GPUs) change no device's health, since nothing new is known
+//! about them, but restart the clean period of the unhealthy ones: only probes that read a GPU
+//! count towards its recovery.
 //!
 //! Application XIDs are ignored, as the upstream device plugin ignores them by default: 13
 //! (graphics engine exception), 31 (GPU memory page fault), 43 (GPU stopped processing), 45
@@ -55,7 +56,8 @@ pub fn classify(kind: EventKind) -> Option<Fault> {
 #[derive(Debug, Clone)]
 struct Record {
     fault: Fault,
-    last_bad: Instant,
+    /// Since when every probe has read the GPU fine; `None` until one does after the last fault.
+    clean_since: Option<Instant>,
 }
 
 /// The health of every GPU, by GPU UUID. GPUs never seen faulty are healthy.
@@ -92,13 +94,13 @@ impl Tracker {
     }
 
     /// Records a fault; returns the change when the GPU was healthy.
-    pub fn fault(&mut self, gpu: &str, fault: Fault, now: Instant) -> Option<Change> {
+    pub fn fault(&mut self, gpu: &str, fault: Fault) -> Option<Change> {
         let was_healthy = !self.faulty.contains_key(gpu);
         self.faulty.insert(
             gpu.to_owned(),
             Record {
                 fault: fault.clone(),
-                last_bad: now,
+                clean_since: None,
             },
         );
         was_healthy.then(|| Change::Unhealthy {
@@ -108,9 +110,16 @@ impl Tracker {
     }
 
     /// Records an NVML event.
-    pub fn event(&mut self, event: &DeviceEvent, now: Instant) -> Option<Change> {
+    pub fn event(&mut self, event: &DeviceEvent) -> Option<Change> {
         let fault = classify(event.kind)?;
-        self.fault(&event.uuid, fault, now)
+        self.fault(&event.uuid, fault)
+    }
+
+    /// Records that NVML itself failed: no GPU was read, so no clean period goes on.
+    pub fn nvml_failed(&mut self) {
+        for record in self.faulty.values_mut() {
+            record.clean_since = None;
+        }
     }
 
     /// Records a probe: `readable` GPUs read fine, `unreadable` ones (by UUID, where known) did
@@ -123,14 +132,14 @@ impl Tracker {
     ) -> Vec<Change> {
         let mut changes: Vec<Change> = unreadable
             .into_iter()
-            .filter_map(|(gpu, why)| self.fault(gpu, Fault::Unreadable(why), now))
+            .filter_map(|(gpu, why)| self.fault(gpu, Fault::Unreadable(why)))
             .collect();
         for gpu in readable {
-            let quiet = self
-                .faulty
-                .get(gpu)
-                .is_some_and(|r| now.saturating_duration_since(r.last_bad) >= self.recovery);
-            if quiet {
+            let Some(record) = self.faulty.get_mut(gpu) else {
+                continue;
+            };
+            let since = *record.clean_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= self.recovery {
                 self.faulty.remove(gpu);
                 changes.push(Change::Recovered {
                     gpu: gpu.to_owned(),
@@ -177,22 +186,22 @@ mod tests {
     }
 
     #[test]
-    fn a_gpu_recovers_only_after_a_quiet_recovery_period() {
+    fn a_gpu_recovers_only_after_a_whole_clean_recovery_period() {
         let t0 = Instant::now();
         let secs = |s| t0 + Duration::from_secs(s);
         let mut t = Tracker::new(Duration::from_secs(10));
         assert!(matches!(
-            t.event(&event("GPU-3", EventKind::Xid(Some(79))), t0),
+            t.event(&event("GPU-3", EventKind::Xid(Some(79)))),
             Some(Change::Unhealthy { .. })
         ));
         assert!(!t.is_healthy("GPU-3"));
         assert!(t.is_healthy("GPU-0"));
+        // The clean period starts at the first probe that reads the GPU after the fault.
+        assert!(t.probe(["GPU-3", "GPU-0"], [], secs(2)).is_empty());
         // A second fault while unhealthy is no change, but restarts the period (damping).
-        assert_eq!(
-            t.event(&event("GPU-3", EventKind::DoubleBitEcc), secs(5)),
-            None
-        );
-        assert!(t.probe(["GPU-3", "GPU-0"], [], secs(12)).is_empty());
+        assert_eq!(t.event(&event("GPU-3", EventKind::DoubleBitEcc)), None);
+        assert!(t.probe(["GPU-3"], [], secs(5)).is_empty());
+        assert!(t.probe(["GPU-3"], [], secs(14)).is_empty());
         assert_eq!(
             t.probe(["GPU-3"], [], secs(15)),
             [Change::Recovered {
@@ -203,16 +212,34 @@ mod tests {
     }
 
     #[test]
+    fn nvml_failing_restarts_the_clean_period() {
+        let t0 = Instant::now();
+        let secs = |s| t0 + Duration::from_secs(s);
+        let mut t = Tracker::new(Duration::from_secs(10));
+        t.fault("GPU-1", Fault::DoubleBitEcc);
+        assert!(t.probe(["GPU-1"], [], secs(1)).is_empty());
+        t.nvml_failed();
+        // Read fine again only at 30 s: one probe after a long silence is not a clean period.
+        assert!(t.probe(["GPU-1"], [], secs(30)).is_empty());
+        assert_eq!(t.probe(["GPU-1"], [], secs(40)).len(), 1);
+    }
+
+    #[test]
     fn an_unreadable_gpu_stays_out_while_probes_fail() {
         let t0 = Instant::now();
+        let secs = |s| t0 + Duration::from_secs(s);
         let mut t = Tracker::new(Duration::from_secs(1));
         let lost = || [("GPU-1", "GPU is lost".to_owned())];
         assert_eq!(t.probe([], lost(), t0).len(), 1);
-        assert!(t.probe([], lost(), t0 + Duration::from_secs(5)).is_empty());
+        assert!(t.probe([], lost(), secs(5)).is_empty());
         assert_eq!(
             t.fault_of("GPU-1"),
             Some(&Fault::Unreadable("GPU is lost".into()))
         );
-        assert_eq!(t.probe(["GPU-1"], [], t0 + Duration::from_secs(6)).len(), 1);
+        assert!(
+            t.probe(["GPU-1"], [], secs(6)).is_empty(),
+            "the clean period starts"
+        );
+        assert_eq!(t.probe(["GPU-1"], [], secs(7)).len(), 1);
     }
 }

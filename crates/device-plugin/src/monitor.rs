@@ -56,6 +56,9 @@ fn watch(session: &NvmlSession, interval: Duration, tx: &mpsc::UnboundedSender<O
         .watch_events()
         .inspect_err(|e| tracing::warn!(error = %e, "NVML events unavailable; probing only"))
         .ok();
+    for e in events.iter().flat_map(|w| &w.skipped) {
+        tracing::warn!(error = %e, "a GPU's NVML events are not watched; probes still cover it");
+    }
     loop {
         let deadline = Instant::now() + interval;
         loop {

@@ -60,7 +60,7 @@ pub struct Plan {
     pub resources: BTreeMap<String, Resource>,
     /// The devices injected, by UUID (the CDI spec has one device each).
     pub devices: BTreeMap<String, NodeDevice>,
-    /// Why some GPUs are not offered, for the log and an Event.
+    /// Why some GPUs are not offered, for the log.
     pub problems: Vec<String>,
 }
 

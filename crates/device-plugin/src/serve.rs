@@ -12,8 +12,7 @@ use crate::proto::registration_client::RegistrationClient;
 use crate::proto::{KUBELET_SOCKET, RegisterRequest, VERSION};
 use crate::state::State;
 use kubelet_plugin::sockets::bind_private;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::watch;
 use tonic::transport::Server;
@@ -22,6 +21,8 @@ use tonic::transport::Server;
 pub const SOCKET_CHECK: Duration = Duration::from_millis(500);
 /// Pause between failed registrations.
 pub const REGISTER_RETRY: Duration = Duration::from_secs(2);
+/// How long one registration may take before it counts as failed.
+pub const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and what one resource serves.
 #[derive(Debug, Clone)]
@@ -40,8 +41,19 @@ impl Endpoint {
     }
 }
 
-/// Registers `endpoint` with the kubelet once.
+/// Registers `endpoint` with the kubelet once, within [`REGISTER_TIMEOUT`].
 pub async fn register(endpoint: &Endpoint) -> Result<(), String> {
+    tokio::time::timeout(REGISTER_TIMEOUT, register_once(endpoint))
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the kubelet did not answer within {}s",
+                REGISTER_TIMEOUT.as_secs()
+            ))
+        })
+}
+
+async fn register_once(endpoint: &Endpoint) -> Result<(), String> {
     let kubelet = endpoint.dir.join(KUBELET_SOCKET);
     let channel = kubelet_plugin::client::connect_unix(&kubelet)
         .await
@@ -56,13 +68,6 @@ pub async fn register(endpoint: &Endpoint) -> Result<(), String> {
         .await
         .map_err(|s| format!("the kubelet refused the registration: {}", s.message()))?;
     Ok(())
-}
-
-/// The identity of the file at `path`, to tell our socket from one that replaced it.
-fn inode(path: &Path) -> Option<(u64, u64)> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino()))
 }
 
 /// Serves `endpoint` until `shutdown` turns true, re-binding and re-registering whenever the
@@ -86,7 +91,6 @@ pub async fn run(
                 }
             }
         };
-        let ours = inode(&path);
         let listener = bound.take_listener().expect("listener taken once");
         let (stop_tx, stop_rx) = watch::channel(false);
         let service = ResourceService::new(
@@ -108,11 +112,14 @@ pub async fn run(
         );
 
         // Register, then watch the socket; both end early on shutdown or a vanished socket.
-        let gone = || inode(&path) != ours;
         let mut is_registered = false;
         loop {
             if !is_registered {
-                match register(&endpoint).await {
+                let attempt = tokio::select! {
+                    result = register(&endpoint) => result,
+                    _ = shutdown.wait_for(|s| *s) => break,
+                };
+                match attempt {
                     Ok(()) => {
                         tracing::info!(resource = %endpoint.resource, socket = %path.display(), "registered with the kubelet");
                         is_registered = true;
@@ -132,7 +139,7 @@ pub async fn run(
                 () = tokio::time::sleep(pause) => {}
                 _ = shutdown.wait_for(|s| *s) => break,
             }
-            if gone() {
+            if !bound.is_in_place() {
                 tracing::info!(resource = %endpoint.resource, "plugin socket removed (kubelet restart?); serving and registering again");
                 break;
             }

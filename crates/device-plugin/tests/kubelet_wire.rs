@@ -155,6 +155,17 @@ async fn registers_again_when_the_kubelet_restarts() {
     let (tx, mut registrations) = mpsc::unbounded_channel();
     let kubelet = serve_kubelet(&plugin.plugins_dir(), tx.clone());
     let first = plugin.next_registration(&mut registrations).await;
+    let mut old_client = plugin.connect(&first.endpoint).await;
+    let mut old_stream = old_client
+        .list_and_watch(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next_list(&mut old_stream).await.len(), 2);
+    let socket = plugin.plugins_dir().join(&first.endpoint);
+    let inode =
+        |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let first_inode = inode(&socket);
 
     // A restarting kubelet removes every socket in the directory, then serves kubelet.sock anew.
     let _ = kubelet.send(());
@@ -164,6 +175,13 @@ async fn registers_again_when_the_kubelet_restarts() {
     let _kubelet = serve_kubelet(&plugin.plugins_dir(), tx);
     let again = plugin.next_registration(&mut registrations).await;
     assert_eq!(again.endpoint, first.endpoint);
+    assert_ne!(inode(&socket), first_inode, "a new socket was bound");
+    // The server of the removed socket stopped: its watch ended.
+    let ended = tokio::time::timeout(Duration::from_secs(10), old_stream.message()).await;
+    assert!(
+        matches!(ended, Ok(Ok(None)) | Ok(Err(_))),
+        "the old ListAndWatch stream should end: {ended:?}"
+    );
     let mut client = plugin.connect(&again.endpoint).await;
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(next_list(&mut stream).await.len(), 2);

@@ -114,6 +114,8 @@ pub enum EventKind {
 pub struct EventWatch<'a> {
     session: &'a NvmlSession,
     set: EventSet<'a>,
+    /// GPUs left out of the watch because NVML could not read them (a lost GPU), with why.
+    pub skipped: Vec<NvmlError>,
 }
 
 impl NvmlSession {
@@ -186,7 +188,9 @@ impl NvmlSession {
         })
     }
 
-    /// Starts watching XID and ECC events (those each GPU supports) on every GPU.
+    /// Starts watching XID and ECC events (those each GPU supports) on every GPU. A GPU NVML cannot
+    /// read is left out (listed in [`EventWatch::skipped`]) and the others are still watched; only
+    /// a failure to make or fill the event set fails the call.
     pub fn watch_events(&self) -> Result<EventWatch<'_>, NvmlError> {
         let wanted = EventTypes::CRITICAL_XID_ERROR
             | EventTypes::DOUBLE_BIT_ECC_ERROR
@@ -195,20 +199,36 @@ impl NvmlSession {
             .nvml
             .create_event_set()
             .map_err(|e| self.err("create_event_set", "system", e))?;
+        let mut skipped = Vec::new();
         for index in 0..self.device_count()? {
             let what = format!("GPU {index}");
-            let device = self
+            let supported = self
                 .nvml
                 .device_by_index(index)
-                .map_err(|e| self.err("device_by_index", &what, e))?;
-            let supported = device
-                .supported_event_types()
-                .map_err(|e| self.err("supported_event_types", &what, e))?;
+                .map_err(|e| self.err("device_by_index", &what, e))
+                .and_then(|device| {
+                    let types = device
+                        .supported_event_types()
+                        .map_err(|e| self.err("supported_event_types", &what, e))?;
+                    Ok((device, types))
+                });
+            let (device, supported) = match supported {
+                Ok(found) => found,
+                Err(e) => {
+                    skipped.push(e);
+                    continue;
+                }
+            };
+            // NVML frees the set when registering fails, so that failure ends the watch.
             set = device
                 .register_events(wanted & supported, set)
                 .map_err(|e| self.err("register_events", &what, e.error))?;
         }
-        Ok(EventWatch { session: self, set })
+        Ok(EventWatch {
+            session: self,
+            set,
+            skipped,
+        })
     }
 
     fn gpu(&self, index: u32) -> Result<Gpu, NvmlError> {

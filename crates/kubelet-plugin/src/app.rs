@@ -20,22 +20,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use std::sync::Arc;
 
-/// The driver roots in use: from the `driver-ready` file when present, else from the flags.
-pub type Roots = DriverRoots;
-
-/// Decides the roots from the flags and an optional `driver-ready` content; see
-/// [`DriverRoots::decide`].
-pub fn roots(config: &Config, ready: Option<&DriverReady>) -> Roots {
-    DriverRoots::decide(
-        &config.nvidia_driver_root,
-        &config.driver_root_ctr_path,
-        ready,
-    )
-}
-
 /// Reads the node's devices through NVML loaded from the container driver root, with the GPUs
 /// NVML could not read (left out of the table).
-pub fn read_devices(roots: &Roots) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
+pub fn read_devices(roots: &DriverRoots) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let session = NvmlSession::open(&library, InitMode::Full)?;
@@ -156,7 +143,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             None
         }
     };
-    let roots = roots(&config, ready.as_ref());
+    let roots = DriverRoots::decide(
+        &config.nvidia_driver_root,
+        &config.driver_root_ctr_path,
+        ready.as_ref(),
+    );
     let (table, unreadable) = read_devices(&roots).context("reading the GPUs through NVML")?;
     tracing::info!(devices = table.devices.len(), driver = %table.driver_version, "GPUs found");
     for gpu in &unreadable {

@@ -445,10 +445,18 @@ impl CdiWriter {
     /// again), and the rename alone keeps readers and a crashed plugin from a partial file.
     pub fn write(&self, claim_uid: &str, devices: &[&NodeDevice]) -> Result<PathBuf, WriteError> {
         let driver = self.driver_view(devices)?;
+        Ok(self.write_spec(
+            &file_name(claim_uid),
+            &claim_spec(claim_uid, devices, &driver),
+        )?)
+    }
+
+    /// Writes `spec` as `file` in the CDI root, atomically, and returns its path (no fsync: see
+    /// [`CdiWriter::write`]).
+    pub fn write_spec(&self, file: &str, spec: &Spec) -> io::Result<PathBuf> {
         std::fs::create_dir_all(&self.root)?;
-        let spec = claim_spec(claim_uid, devices, &driver);
-        let yaml = serde_yaml::to_string(&spec).map_err(io::Error::other)?;
-        let path = self.path(claim_uid);
+        let yaml = serde_yaml::to_string(spec).map_err(io::Error::other)?;
+        let path = self.root.join(file);
         replace(&path, yaml.as_bytes(), Durability::ProcessCrash)?;
         Ok(path)
     }

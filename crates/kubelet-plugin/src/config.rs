@@ -17,7 +17,7 @@ fn default_plugins_dir() -> PathBuf {
 }
 
 /// The validator's `driver-ready` file.
-fn default_driver_ready() -> PathBuf {
+pub fn default_driver_ready() -> PathBuf {
     PathBuf::from(paths::VALIDATIONS_DIR).join(paths::DRIVER_READY_FILE)
 }
 
@@ -53,13 +53,13 @@ pub struct Config {
     /// The validator's `driver-ready` file; when present its roots override the flags above.
     #[arg(
         long,
-        env = "DRIVER_READY_FILE",
+        env = env::DRIVER_READY_FILE,
         default_value_os_t = default_driver_ready()
     )]
     pub driver_ready_file: PathBuf,
     /// The folder whose `proc/` the plugin reads MIG capabilities from (`proc/devices`,
     /// `proc/driver/nvidia/capabilities`): `/` in a pod, whose `/proc` tells the node kernel's.
-    #[arg(long, env = "PROCFS_ROOT", default_value = "/")]
+    #[arg(long, env = env::PROCFS_ROOT, default_value = "/")]
     pub procfs_root: PathBuf,
     /// Source of the node's boot id (checkpoints from other boots are discarded).
     #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]

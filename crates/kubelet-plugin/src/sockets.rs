@@ -32,11 +32,14 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> S
     }
 }
 
-/// A bound listener whose socket file is removed when this is dropped.
+/// A bound listener whose socket file is removed when this is dropped, unless another socket
+/// has taken its path since.
 #[derive(Debug)]
 pub struct BoundSocket {
     listener: Option<UnixListener>,
     path: PathBuf,
+    /// `(device, inode)` of the file bound.
+    identity: Option<(u64, u64)>,
 }
 
 impl BoundSocket {
@@ -49,16 +52,30 @@ impl BoundSocket {
     pub fn take_listener(&mut self) -> Option<UnixListener> {
         self.listener.take()
     }
+
+    /// Whether the file at the path is still the socket bound here (not removed, not replaced).
+    pub fn is_in_place(&self) -> bool {
+        self.identity.is_some() && identity(&self.path) == self.identity
+    }
 }
 
 impl Drop for BoundSocket {
     fn drop(&mut self) {
-        if is_socket(&self.path) {
+        if self.is_in_place() {
             let _ = std::fs::remove_file(&self.path);
         }
     }
 }
 
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_socket())
+        .map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(test)]
 fn is_socket(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
@@ -109,9 +126,11 @@ pub fn bind_private(path: &Path) -> Result<BoundSocket, SocketError> {
     })();
     let _ = std::fs::remove_file(&staged);
     let _ = std::fs::remove_dir(&staging);
+    let listener = bound?;
     Ok(BoundSocket {
-        listener: Some(bound?),
+        listener: Some(listener),
         path: path.to_path_buf(),
+        identity: identity(path),
     })
 }
 
@@ -163,6 +182,24 @@ mod tests {
         assert!(is_socket(&path));
         let bound = bind_private(&path).unwrap();
         assert!(is_socket(bound.path()));
+    }
+
+    #[tokio::test]
+    async fn a_socket_that_replaced_ours_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plugin.sock");
+        let ours = bind_private(&path).unwrap();
+        assert!(ours.is_in_place());
+        // Another process takes the path (a restarting kubelet removed ours, a new plugin bound).
+        std::fs::remove_file(&path).unwrap();
+        let theirs = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        assert!(!ours.is_in_place());
+        drop(ours);
+        assert!(is_socket(&path), "their socket is still there");
+        drop(theirs);
+        let again = bind_private(&path).unwrap();
+        drop(again);
+        assert!(!path.exists(), "ours is removed on drop");
     }
 
     #[tokio::test]

@@ -21,14 +21,17 @@ pub fn device_plugin(
     if !dp.enabled {
         return Ok(Vec::new());
     }
-    // The plugin image carries both plugins: the DRA driver's image unless this one is set.
-    let image = match dp.image.reference("spec.devicePlugin")? {
-        Some(image) => image,
-        None => spec
-            .dra_driver
-            .image
-            .reference("spec.draDriver")?
-            .unwrap_or_else(|| inputs.images.dra_driver.clone()),
+    // The plugin image carries both plugins: the DRA driver's image (and its pull secrets)
+    // unless this one is set.
+    let (image, pull_secret_names) = match dp.image.reference("spec.devicePlugin")? {
+        Some(image) => (image, &dp.image.image_pull_secrets),
+        None => (
+            spec.dra_driver
+                .image
+                .reference("spec.draDriver")?
+                .unwrap_or_else(|| inputs.images.dra_driver.clone()),
+            &spec.dra_driver.image.image_pull_secrets,
+        ),
     };
     let validator_image = spec
         .validator
@@ -44,11 +47,11 @@ pub fn device_plugin(
             &[
                 (e::HTTP_ENDPOINT, "0.0.0.0:8080"),
                 (e::CDI_ROOT, paths::CDI_ROOT),
-                ("DEVICE_PLUGIN_PATH", device_plugins.as_str()),
-                ("DRIVER_READY_FILE", driver_ready.as_str()),
-                ("MIG_STRATEGY", dp.config.mig_strategy.as_str()),
+                (e::DEVICE_PLUGIN_PATH, device_plugins.as_str()),
+                (e::DRIVER_READY_FILE, driver_ready.as_str()),
+                (e::MIG_STRATEGY, dp.config.mig_strategy.as_str()),
                 ("NVIDIA_VISIBLE_DEVICES", "void"),
-                ("PROCFS_ROOT", paths::HOST_ROOT_CTR_PATH),
+                (e::PROCFS_ROOT, paths::HOST_ROOT_CTR_PATH),
             ],
             &dp.env,
         )
@@ -78,7 +81,7 @@ pub fn device_plugin(
         "automountServiceAccountToken": false,
         "nodeSelector": {l::DEPLOY_DEVICE_PLUGIN: "true"},
         "affinity": gpu_node_affinity(),
-        "imagePullSecrets": pull_secrets(&dp.image.image_pull_secrets),
+        "imagePullSecrets": pull_secrets(pull_secret_names),
         "initContainers": [driver_validation(spec, &validator_image, resources(&dp.resources))],
         "containers": [container],
         "volumes": [

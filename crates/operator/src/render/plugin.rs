@@ -174,11 +174,11 @@ fn gpus_container(spec: &GPUClusterSpec, image: &str, pull: &str, kubelet_root: 
         (e::KUBELET_REGISTRAR_DIRECTORY_PATH, registrar.as_str()),
         (e::KUBELET_PLUGINS_DIRECTORY_PATH, plugins.as_str()),
         (e::HEALTHCHECK_PORT, port.as_str()),
-        ("DRIVER_READY_FILE", driver_ready.as_str()),
+        (e::DRIVER_READY_FILE, driver_ready.as_str()),
         ("NVIDIA_VISIBLE_DEVICES", "void"),
         // The node's /proc as the host root shows it (the driver's MIG capability files and the
         // nvidia-caps major), the same tree every other driver file is read from.
-        ("PROCFS_ROOT", paths::HOST_ROOT_CTR_PATH),
+        (e::PROCFS_ROOT, paths::HOST_ROOT_CTR_PATH),
     ];
     if !gates.is_empty() {
         base.push((e::FEATURE_GATES, gates.as_str()));
