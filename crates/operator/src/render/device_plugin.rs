@@ -4,7 +4,7 @@ use api::GPUClusterSpec;
 use api::contract::{env as e, labels as l, objects as o, paths};
 use serde_json::json;
 
-use super::plugin::{driver_validation, gpu_node_affinity, host_path, pull_secrets};
+use super::plugin::{driver_validation, gpu_node_affinity, host_path, node_volumes, pull_secrets};
 use super::{
     Inputs, Object, Operand, RenderError, env, node_name_env, operand_daemonset, resources,
 };
@@ -84,13 +84,7 @@ pub fn device_plugin(
         "imagePullSecrets": pull_secrets(pull_secret_names),
         "initContainers": [driver_validation(spec, &validator_image, resources(&dp.resources))],
         "containers": [container],
-        "volumes": [
-            host_path("device-plugins", &device_plugins, "DirectoryOrCreate"),
-            host_path("cdi", paths::CDI_ROOT, "DirectoryOrCreate"),
-            host_path("host-root", "/", "Directory"),
-            host_path("driver-root", &spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
-            host_path("validations", paths::VALIDATIONS_DIR, "DirectoryOrCreate"),
-        ],
+        "volumes": node_volumes(spec, [host_path("device-plugins", &device_plugins, "DirectoryOrCreate")]),
     });
     let operand = Operand {
         name: o::DEVICE_PLUGIN_DAEMONSET,

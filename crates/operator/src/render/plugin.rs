@@ -54,14 +54,10 @@ pub fn kubelet_plugin(
         "imagePullSecrets": pull_secrets(&dra.image.image_pull_secrets),
         "initContainers": [init],
         "containers": containers,
-        "volumes": [
+        "volumes": node_volumes(spec, [
             host_path("plugins-registry", &format!("{kubelet_root}/plugins_registry"), "DirectoryOrCreate"),
             host_path("plugins", &format!("{kubelet_root}/plugins"), "DirectoryOrCreate"),
-            host_path("cdi", paths::CDI_ROOT, "DirectoryOrCreate"),
-            host_path("host-root", "/", "Directory"),
-            host_path("driver-root", &spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
-            host_path("validations", paths::VALIDATIONS_DIR, "DirectoryOrCreate"),
-        ],
+        ]),
     });
     let operand = Operand {
         name: o::KUBELET_PLUGIN_DAEMONSET,
@@ -116,6 +112,22 @@ pub(super) fn gpu_node_affinity() -> Value {
         {"matchExpressions": [{"key": "feature.node.kubernetes.io/cpu-model.vendor_id", "operator": "In", "values": ["NVIDIA"]}]},
         {"matchExpressions": [{"key": l::GPU_PRESENT, "operator": "In", "values": ["true"]}]},
     ]}}})
+}
+
+/// `first`, then the host paths every node-side plugin mounts: the CDI root, the host root, the
+/// driver root and the validations folder.
+pub(super) fn node_volumes<const N: usize>(spec: &GPUClusterSpec, first: [Value; N]) -> Value {
+    let shared = [
+        host_path("cdi", paths::CDI_ROOT, "DirectoryOrCreate"),
+        host_path("host-root", "/", "Directory"),
+        host_path(
+            "driver-root",
+            &spec.host_paths.driver_install_dir,
+            "DirectoryOrCreate",
+        ),
+        host_path("validations", paths::VALIDATIONS_DIR, "DirectoryOrCreate"),
+    ];
+    json!(first.into_iter().chain(shared).collect::<Vec<_>>())
 }
 
 pub(super) fn host_path(name: &str, path: &str, kind: &str) -> Value {
