@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Where the running cluster and our built binaries are.
@@ -184,18 +185,92 @@ where
 
 /// Installs (server-side applies) the GPUCluster CRD from crates/api and waits until it is served.
 pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
+    apply_crd(client, &api::gpucluster::crd()).await
+}
+
+/// Server-side applies the `gpu-cluster` GPUCluster with `spec` (field manager `e2e`).
+pub async fn set_spec(gcs: &Api<api::GPUCluster>, spec: serde_json::Value) -> anyhow::Result<()> {
+    let object = serde_json::json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"}, "spec": spec});
+    gcs.patch(
+        "gpu-cluster",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(object),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The test stand-in for the upstream ClusterPolicy CRD and one ClusterPolicy (also applied by
+/// `hack/real-nodes.sh`).
+pub const CLUSTER_POLICY_YAML: &str = include_str!("../testdata/clusterpolicy-crd.yaml");
+
+/// Installs the ClusterPolicy CRD stand-in, waits until it is served, and creates `cluster-policy`.
+pub async fn install_cluster_policy(client: &kube::Client) -> anyhow::Result<()> {
+    let mut docs = serde_yaml::Deserializer::from_str(CLUSTER_POLICY_YAML)
+        .map(serde_json::Value::deserialize)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter();
+    let (Some(crd), Some(policy)) = (docs.next(), docs.next()) else {
+        bail!("testdata/clusterpolicy-crd.yaml must hold the CRD and then a ClusterPolicy");
+    };
+    apply_crd(client, &serde_json::from_value(crd)?).await?;
+    let policies = cluster_policies(client);
+    policies
+        .patch(
+            "cluster-policy",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&policy),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Deletes the ClusterPolicy `cluster-policy` (the CRD stays).
+pub async fn delete_cluster_policy(client: &kube::Client) -> anyhow::Result<()> {
+    match cluster_policies(client)
+        .delete("cluster-policy", &Default::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the ClusterPolicy CRD stand-in (and so every ClusterPolicy).
+pub async fn uninstall_cluster_policy(client: &kube::Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = api::gpucluster::crd();
+    match crds
+        .delete("clusterpolicies.nvidia.com", &Default::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn cluster_policies(client: &kube::Client) -> Api<kube::api::DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &api::contract::cluster_policy::api_resource(),
+    )
+}
+
+async fn apply_crd(client: &kube::Client, crd: &CustomResourceDefinition) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = crd.metadata.name.clone().unwrap_or_default();
     crds.patch(
         &name,
         &PatchParams::apply("e2e").force(),
-        &Patch::Apply(&crd),
+        &Patch::Apply(crd),
     )
     .await?;
     eventually(
         Duration::from_secs(30),
-        "the GPUCluster CRD to be established",
+        &format!("CRD {name} to be established"),
         || {
             let crds = crds.clone();
             let name = name.clone();

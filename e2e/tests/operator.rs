@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use api::GPUCluster;
 use api::contract::{labels as l, objects as o};
-use e2e::{Env, Process, eventually, install_crd, metric};
+use e2e::{Env, Process, eventually, install_crd, metric, set_spec};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -58,18 +58,6 @@ fn start(env: &Env) -> anyhow::Result<(Process, Process)> {
         ],
     )?;
     Ok((operator, labeler))
-}
-
-async fn set_spec(gcs: &Api<GPUCluster>, spec: serde_json::Value) -> anyhow::Result<()> {
-    gcs.patch(
-        "gpu-cluster",
-        &PatchParams::apply("e2e").force(),
-        &Patch::Apply(json!({
-        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-        "metadata": {"name": "gpu-cluster"}, "spec": spec})),
-    )
-    .await?;
-    Ok(())
 }
 
 #[tokio::test]

@@ -10,6 +10,21 @@ pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
 /// Finalizer that holds a `GPUCluster` until claim consumers are drained.
 pub const GPU_CLUSTER_FINALIZER: &str = "gpucluster.nvidia.com/dra-resourceclaim";
 
+/// The upstream operator's `ClusterPolicy` (`clusterpolicies.nvidia.com/v1`, cluster-scoped): the
+/// device-plugin plane's CR. Watched, never written; while one exists that plane is its operator's.
+pub mod cluster_policy {
+    /// Its kind, as the API serves it.
+    pub fn api_resource() -> kube::api::ApiResource {
+        kube::api::ApiResource {
+            group: "nvidia.com".into(),
+            version: "v1".into(),
+            api_version: "nvidia.com/v1".into(),
+            kind: "ClusterPolicy".into(),
+            plural: "clusterpolicies".into(),
+        }
+    }
+}
+
 /// Node labels and annotations.
 pub mod labels {
     /// `true` on GPU nodes, `false` once their GPU labels disappear.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::contract::{GPU_CLUSTER_NAME, labels as l};
+use api::contract::{GPU_CLUSTER_NAME, cluster_policy, labels as l};
 use api::{AllocationMode, GPUCluster};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -17,6 +17,7 @@ use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, pred
 use kube::{Api, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
@@ -65,6 +66,7 @@ pub struct Metrics {
     writes: Counter,
     deferred: Counter,
     errors: Family<Vec<(String, String)>, Counter>,
+    cluster_policy: Gauge,
 }
 
 impl Metrics {
@@ -87,6 +89,11 @@ impl Metrics {
             "Failed node reconciles by cause",
             self.errors.clone(),
         );
+        sub.register(
+            "cluster_policy_present",
+            "1 while a ClusterPolicy serves the device-plugin plane",
+            self.cluster_policy.clone(),
+        );
     }
 }
 
@@ -94,6 +101,8 @@ struct Context {
     client: kube::Client,
     settings: Settings,
     gpu_clusters: Store<GPUCluster>,
+    /// Whether a `ClusterPolicy` exists (known before the first node is planned).
+    cluster_policy: tokio::sync::watch::Receiver<Option<bool>>,
     recorder: Recorder,
     metrics: Metrics,
 }
@@ -107,8 +116,7 @@ impl Context {
             .find(|gc| gc.name_any() == GPU_CLUSTER_NAME);
         Cluster {
             gpu_cluster: gpu_cluster.is_some(),
-            // The device-plugin plane's ClusterPolicy is not watched yet.
-            cluster_policy: false,
+            cluster_policy: self.cluster_policy.borrow().unwrap_or(false),
             gpu_cluster_device_plugin: gpu_cluster.is_some_and(|gc| gc.spec.device_plugin.enabled),
             default_mode: self.settings.default_mode,
             driver_auto_upgrade: self.settings.driver_auto_upgrade,
@@ -239,15 +247,32 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
     let (trigger_tx, trigger_rx) = futures::channel::mpsc::unbounded::<()>();
+    let gc_trigger = trigger_tx.clone();
     tokio::spawn(gc_events.for_each(move |event| {
         if let Err(e) = &event {
             tracing::warn!(error = %e, "GPUCluster watch error");
         } else {
-            let _ = trigger_tx.unbounded_send(());
+            let _ = gc_trigger.unbounded_send(());
         }
         futures::future::ready(())
     }));
     gc_reader.wait_until_ready().await.ok();
+
+    // Likewise whether a ClusterPolicy exists; a change re-plans every node.
+    let (mut cluster_policy, follow) =
+        service::presence::follow(client.clone(), cluster_policy::api_resource());
+    tokio::spawn(follow);
+    let present = service::presence::first_answer(&mut cluster_policy).await;
+    metrics.cluster_policy.set(i64::from(present));
+    let mut changes = cluster_policy.clone();
+    let gauge = metrics.cluster_policy.clone();
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            let present = changes.borrow_and_update().unwrap_or(false);
+            gauge.set(i64::from(present));
+            let _ = trigger_tx.unbounded_send(());
+        }
+    });
 
     let (node_reader, node_writer) = reflector::store();
     // Only labels and annotations matter here; managedFields are most of a Node's metadata, so they
@@ -270,6 +295,7 @@ pub async fn run(
         client,
         settings,
         gpu_clusters: gc_reader,
+        cluster_policy,
         metrics,
     });
     // Bounded concurrency: thousands of new nodes must not become thousands of parallel requests

@@ -5,6 +5,7 @@ pub mod fake_api;
 pub mod http;
 pub mod leader;
 pub mod logging;
+pub mod presence;
 pub mod shutdown;
 
 /// A kube client from the in-cluster config or `KUBECONFIG`, with `user_agent` as its User-Agent so

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::GPUCluster;
-use api::contract::{GPU_CLUSTER_NAME, objects as o};
+use api::contract::{GPU_CLUSTER_NAME, cluster_policy, objects as o};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -90,6 +90,8 @@ struct Context {
     metrics: Metrics,
     /// Whether the apiserver serves `DeviceClass.spec.extendedResourceName`, once known.
     extended_resources: tokio::sync::OnceCell<bool>,
+    /// Whether a `ClusterPolicy` exists (known before the first reconcile).
+    cluster_policy: tokio::sync::watch::Receiver<Option<bool>>,
 }
 
 impl Context {
@@ -146,11 +148,13 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     }
     ensure_admin_access_label(&ctx).await?;
 
+    let cluster_policy = ctx.cluster_policy.borrow().unwrap_or(false);
     let inputs = Inputs {
         namespace: &ctx.settings.namespace,
         images: &ctx.settings.images,
         facts: ClusterFacts {
             service_monitors_served: served.service_monitors,
+            cluster_policy,
             // Unknown is an error (retried), never "not served": that would strip the field
             // from the live class.
             extended_resources_served: *ctx
@@ -264,12 +268,22 @@ pub async fn run(
         controller: FIELD_MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    // Whether a ClusterPolicy serves the device-plugin plane is known before the first render, so
+    // a restart never puts our device plugin beside its operator's for a moment.
+    let (mut cluster_policy, follow) =
+        service::presence::follow(client.clone(), cluster_policy::api_resource());
+    tokio::spawn(follow);
+    service::presence::first_answer(&mut cluster_policy).await;
+    let changes = futures::stream::unfold(cluster_policy.clone(), |mut rx| async move {
+        rx.changed().await.ok().map(|()| ((), rx))
+    });
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         settings,
         metrics,
         extended_resources: tokio::sync::OnceCell::new(),
+        cluster_policy,
     });
     Controller::new(
         Api::<GPUCluster>::all(client.clone()),
@@ -300,6 +314,7 @@ pub async fn run(
         Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
         owned,
     )
+    .reconcile_all_on(changes)
     .graceful_shutdown_on(shutdown)
     .run(reconcile, error_policy, ctx)
     .for_each(|result| {

@@ -172,6 +172,7 @@ impl FakeApi {
             },
             metrics: Metrics::default(),
             extended_resources: tokio::sync::OnceCell::new(),
+            cluster_policy: tokio::sync::watch::channel(Some(false)).1,
         })
     }
 }

@@ -12,13 +12,13 @@ use super::{
 const COMPONENT: &str = "device-plugin";
 
 /// `nvidia-device-plugin-daemonset`, selecting `nvidia.com/gpu.deploy.device-plugin=true`;
-/// nothing when `spec.devicePlugin.enabled` is false.
+/// nothing when `spec.devicePlugin.enabled` is false or a `ClusterPolicy` serves that plane.
 pub fn device_plugin(
     spec: &GPUClusterSpec,
     inputs: &Inputs<'_>,
 ) -> Result<Vec<Object>, RenderError> {
     let dp = &spec.device_plugin;
-    if !dp.enabled {
+    if !dp.enabled || inputs.facts.cluster_policy {
         return Ok(Vec::new());
     }
     // The plugin image carries both plugins: the DRA driver's image (and its pull secrets)

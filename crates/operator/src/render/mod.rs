@@ -48,6 +48,8 @@ pub struct ClusterFacts {
     pub service_monitors_served: bool,
     /// `DeviceClass.spec.extendedResourceName` is served (DRAExtendedResource).
     pub extended_resources_served: bool,
+    /// A `ClusterPolicy` exists: the device-plugin plane is its operator's, and none of ours.
+    pub cluster_policy: bool,
 }
 
 /// Everything rendering needs besides the spec.

@@ -172,6 +172,24 @@ fn the_device_plugin_uses_the_plugin_image_and_can_be_turned_off() {
 }
 
 #[test]
+fn a_cluster_policy_keeps_the_device_plugin_plane_to_itself() {
+    let with_policy = render(
+        &spec(json!({})),
+        ClusterFacts {
+            cluster_policy: true,
+            ..ClusterFacts::default()
+        },
+    );
+    let ids = ids(&with_policy);
+    assert!(!ids.iter().any(|i| i.contains("device-plugin")), "{ids:?}");
+    // The DRA plane stays.
+    assert!(
+        ids.contains(&"DaemonSet/nvidia-dra-driver-kubelet-plugin".to_owned()),
+        "{ids:?}"
+    );
+}
+
+#[test]
 fn disabling_compute_domains_drops_container_controller_and_classes() {
     let d = render(
         &spec(json!({"draDriver": {"computeDomains": {"enabled": false}}})),

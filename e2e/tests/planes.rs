@@ -1,0 +1,249 @@
+//! Two planes in one cluster, on the local cluster: `DEFAULT_GPU_ALLOCATION_MODE=device-plugin`
+//! sends new GPU nodes to the device-plugin plane once that plane is served; a ClusterPolicy
+//! (the upstream CRD's stand-in in `e2e/testdata`) installed while the labeler and the operator run
+//! is noticed by both: the labeler counts its plane as served, and the operator leaves that plane to
+//! it (no device plugin of ours) and takes it back when the ClusterPolicy goes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use api::GPUCluster;
+use api::contract::{labels as l, objects as o};
+use e2e::{
+    Env, delete_cluster_policy, eventually, install_cluster_policy, install_crd, metric, set_spec,
+    uninstall_cluster_policy,
+};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "e2e-planes";
+const OPERATOR_METRICS: &str = "127.0.0.1:18086";
+const LABELER_METRICS: &str = "127.0.0.1:18087";
+
+fn gpu_node(name: &str) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name,
+                     "labels": {"kubernetes.io/hostname": name, "type": "kwok", "e2e": "planes",
+                                "feature.node.kubernetes.io/pci-10de.present": "true"},
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                   "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}
+    }))
+    .expect("a valid node")
+}
+
+/// The node's mode and deploy labels.
+fn planes(node: &Node) -> (Option<String>, BTreeMap<String, String>) {
+    let labels = node.labels();
+    let deploy = labels
+        .iter()
+        .filter(|(k, _)| k.starts_with(l::DEPLOY_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    (labels.get(l::ALLOCATION_MODE).cloned(), deploy)
+}
+
+async fn wait_for_mode(nodes: &Api<Node>, name: &str, mode: &str) -> anyhow::Result<Node> {
+    eventually(
+        Duration::from_secs(60),
+        &format!("node {name} in {mode} mode with its plane's deploy labels"),
+        || async {
+            let node = nodes.get(name).await?;
+            let (got, deploy) = planes(&node);
+            let key = match mode {
+                "dra" => l::DEPLOY_DRA_DRIVER,
+                _ => l::DEPLOY_DEVICE_PLUGIN,
+            };
+            let done =
+                got.as_deref() == Some(mode) && deploy.get(key).map(String::as_str) == Some("true");
+            Ok(done.then_some(node))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make test-e2e runs it"]
+async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Result<()> {
+    let env = Env::from_env()?;
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    uninstall_cluster_policy(&client).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    // The namespace of an earlier run may still be terminating.
+    eventually(
+        Duration::from_secs(60),
+        "no terminating namespace",
+        || async {
+            let ns = namespaces.get_opt(NS).await?;
+            let phase = ns.and_then(|n| n.status).and_then(|s| s.phase);
+            Ok((phase.as_deref() != Some("Terminating")).then_some(()))
+        },
+    )
+    .await?;
+    namespaces
+        .patch(
+            NS,
+            &PatchParams::apply("e2e-planes").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+            ),
+        )
+        .await?;
+    let gcs: Api<GPUCluster> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    // A run that failed half-way may have left its nodes; new ones are what this test is about.
+    for name in ["planes-a", "planes-b"] {
+        let _ = nodes.delete(name, &DeleteParams::default()).await;
+    }
+    eventually(
+        Duration::from_secs(30),
+        "nodes of an earlier run gone",
+        || async {
+            let a = nodes.get_opt("planes-a").await?;
+            let b = nodes.get_opt("planes-b").await?;
+            Ok((a.is_none() && b.is_none()).then_some(()))
+        },
+    )
+    .await?;
+    // Only the DRA plane is served at first: the GPUCluster's device plugin is off and no
+    // ClusterPolicy exists.
+    set_spec(&gcs, json!({"devicePlugin": {"enabled": false}})).await?;
+
+    let labeler = env.spawn(
+        "node-labeler",
+        "node-labeler-planes",
+        &[
+            ("HTTP_ENDPOINT", LABELER_METRICS),
+            ("POD_NAMESPACE", NS),
+            ("POD_NAME", "labeler-planes"),
+            ("DEFAULT_GPU_ALLOCATION_MODE", "device-plugin"),
+        ],
+    )?;
+    nodes
+        .create(&PostParams::default(), &gpu_node("planes-a"))
+        .await?;
+    wait_for_mode(&nodes, "planes-a", "dra")
+        .await
+        .with_context(|| labeler.log_tail())?;
+
+    // A ClusterPolicy appears: both planes are served, and the default sends new nodes to the
+    // device-plugin plane. planes-a keeps its mode.
+    install_cluster_policy(&client).await?;
+    eventually(
+        Duration::from_secs(30),
+        "the labeler to see the ClusterPolicy",
+        || async {
+            let present = metric(LABELER_METRICS, "node_labeler_cluster_policy_present").await?;
+            Ok((present == 1.0).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| labeler.log_tail())?;
+    nodes
+        .create(&PostParams::default(), &gpu_node("planes-b"))
+        .await?;
+    let b = wait_for_mode(&nodes, "planes-b", "device-plugin")
+        .await
+        .with_context(|| labeler.log_tail())?;
+    let (_, deploy) = planes(&b);
+    for key in l::DEVICE_PLUGIN_PLANE_KEYS {
+        assert_eq!(
+            deploy.get(key).map(String::as_str),
+            Some("true"),
+            "{key} on planes-b: {deploy:?}"
+        );
+    }
+    for key in [l::DEPLOY_DRA_DRIVER, l::DEPLOY_DRA_VALIDATOR] {
+        assert!(
+            !deploy.contains_key(key),
+            "{key} on a device-plugin node: {deploy:?}"
+        );
+    }
+    let (mode_a, _) = planes(&nodes.get("planes-a").await?);
+    assert_eq!(
+        mode_a.as_deref(),
+        Some("dra"),
+        "an existing node kept its mode"
+    );
+
+    // The operator, started while the ClusterPolicy exists, renders no device plugin of ours even
+    // with spec.devicePlugin enabled.
+    set_spec(&gcs, json!({})).await?;
+    let operator = env.spawn(
+        "gpu-operator",
+        "gpu-operator-planes",
+        &[
+            ("OPERATOR_NAMESPACE", NS),
+            ("HTTP_ENDPOINT", OPERATOR_METRICS),
+            ("POD_NAME", "operator-planes"),
+        ],
+    )?;
+    eventually(
+        Duration::from_secs(60),
+        "the first reconcile to apply the DRA plane and write status",
+        || async {
+            let plugin = daemonsets.get_opt(o::KUBELET_PLUGIN_DAEMONSET).await?;
+            let status = gcs.get("gpu-cluster").await?.status;
+            let reported = status.is_some_and(|s| !s.operands.is_empty());
+            Ok((plugin.is_some() && reported).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    assert!(
+        daemonsets
+            .get_opt(o::DEVICE_PLUGIN_DAEMONSET)
+            .await?
+            .is_none(),
+        "our device plugin beside a ClusterPolicy"
+    );
+
+    // The ClusterPolicy goes: the device-plugin plane is ours again; it comes back: ours leaves.
+    delete_cluster_policy(&client).await?;
+    eventually(
+        Duration::from_secs(60),
+        "our device plugin once no ClusterPolicy serves the plane",
+        || async {
+            Ok(daemonsets
+                .get_opt(o::DEVICE_PLUGIN_DAEMONSET)
+                .await?
+                .map(|_| ()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    install_cluster_policy(&client).await?;
+    eventually(
+        Duration::from_secs(60),
+        "our device plugin pruned when a ClusterPolicy appears",
+        || async {
+            let gone = daemonsets
+                .get_opt(o::DEVICE_PLUGIN_DAEMONSET)
+                .await?
+                .is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+
+    // Clean up while the operator runs (its finalizer holds the GPUCluster until it drains).
+    gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
+    eventually(Duration::from_secs(60), "the GPUCluster gone", || async {
+        Ok(gcs.get_opt("gpu-cluster").await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| operator.log_tail())?;
+    uninstall_cluster_policy(&client).await?;
+    for name in ["planes-a", "planes-b"] {
+        let _ = nodes.delete(name, &DeleteParams::default()).await;
+    }
+    let _ = namespaces.delete(NS, &DeleteParams::default()).await;
+    Ok(())
+}
