@@ -85,6 +85,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         o::VALIDATOR_SERVICE_ACCOUNT,
         o::DCGM_EXPORTER_SERVICE_ACCOUNT,
         o::DCGM_SERVICE_ACCOUNT,
+        o::OPERATOR_VALIDATOR_SERVICE_ACCOUNT,
     ] {
         let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
                              "metadata": {"name": sa, "namespace": NS}});
@@ -119,7 +120,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     let all_there = eventually(Duration::from_secs(60), "every default operand", || async {
         let ds = names(&daemonsets).await?;
         let classes = names(&classes).await?;
-        Ok((ds.len() == 4 && classes.len() == 5).then_some((ds, classes)))
+        Ok((ds.len() == 5 && classes.len() == 5).then_some((ds, classes)))
     })
     .await
     .with_context(|| operator.log_tail())?;
@@ -130,6 +131,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             o::DEVICE_PLUGIN_DAEMONSET,
             o::KUBELET_PLUGIN_DAEMONSET,
             o::VALIDATOR_DAEMONSET,
+            o::OPERATOR_VALIDATOR_DAEMONSET,
         ]
     );
     assert_eq!(names(&deployments).await?, [o::COMPUTE_DOMAIN_CONTROLLER]);
@@ -265,7 +267,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     set_spec(&gcs, json!({})).await?;
     eventually(Duration::from_secs(30), "defaults back", || async {
         Ok(
-            (names(&daemonsets).await?.len() == 4 && names(&classes).await?.len() == 5)
+            (names(&daemonsets).await?.len() == 5 && names(&classes).await?.len() == 5)
                 .then_some(()),
         )
     })

@@ -114,6 +114,19 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
     // Only the DRA plane is served at first: the GPUCluster's device plugin is off and no
     // ClusterPolicy exists.
     set_spec(&gcs, json!({"devicePlugin": {"enabled": false}})).await?;
+    // A device-plugin config that is both written here and taken from a ConfigMap is refused by
+    // the apiserver, with a message that names the fields.
+    let both = json!({"devicePlugin": {"config": {"name": "mine", "default": "a100",
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}}});
+    let refused = set_spec(&gcs, both)
+        .await
+        .expect_err("config.name beside config.sharing");
+    assert!(
+        refused
+            .to_string()
+            .contains("devicePlugin.config.sharing or devicePlugin.config.name"),
+        "{refused}"
+    );
 
     let labeler = env.spawn(
         "node-labeler",

@@ -10,7 +10,8 @@
 # GPU, a two-GPU claim, a kubelet restart, CEL selection by product and memory, the exporter's
 # admin-access claim, the plugin pod replaced under a prepared claim, a MIG claim, the plugin SIGKILLed
 # mid-prepare, a mode switch under a running pod (the node then served by the device plugin: allocatable
-# nvidia.com/gpu and a pod asking nvidia.com/gpu: 1 given its GPU through CDI), the same pod spec served
+# nvidia.com/gpu, its validator, a pod asking nvidia.com/gpu: 1 given its GPU through CDI; a lost GPU; time-slicing
+# from the GPUCluster; a ClusterPolicy taking the plane), the same pod spec served
 # on a DRA node through the class's extended-resource mapping, and an uninstall that leaves no pod, claim, CDI spec
 # or checkpoint entry. On exit, pass or fail, it takes the cluster down and checks that no process,
 # network namespace, link, cgroup, mount or firewall rule is left.
@@ -611,6 +612,22 @@ if wait_until 120 running switch; then
   else
     fail "device plugin on real-gpu-1: pod '$(dp_on real-gpu-1)', allocatable nvidia.com/gpu '$(allocatable real-gpu-1)', label '$(label_of real-gpu-1 device-plugin)'"
   fi
+  # The plane's validator: its validation pod was given a GPU by the device plugin and NVML showed
+  # that GPU, then the validator turned ready (and the validation pod was deleted).
+  opval_on() { k -n "$GNS" get pods -l app=nvidia-operator-validator --field-selector "spec.nodeName=$1" -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[0].ready}{"\n"}{end}'; }
+  opval_ready() { [[ "$(opval_on real-gpu-1)" == *" true" ]]; }
+  t0=$SECONDS
+  if wait_until 180 opval_ready; then
+    said="$(k -n "$GNS" logs "$(opval_on real-gpu-1 | cut -d' ' -f1)" -c plugin-validation 2>&1 | grep -o 'ready: .*' | head -1)"
+    left="$(k -n "$GNS" get pods -l app=nvidia-device-plugin-validator --no-headers 2>/dev/null | wc -l)"
+    if [[ "$said" == *"offers nvidia.com/gpu"* && "$left" == 0 ]]; then
+      pass "nvidia-operator-validator ready on real-gpu-1 in $((SECONDS - t0))s: $said; validation pod removed"
+    else
+      fail "operator-validator: log '$said', validation pods left: $left"
+    fi
+  else
+    fail "operator-validator on real-gpu-1: '$(opval_on real-gpu-1)'; $(k -n "$GNS" logs -l app=nvidia-operator-validator -c plugin-validation --tail=3 2>&1 | tr '\n' ' ')"
+  fi
   planes() { k get gpucluster gpu-cluster -o jsonpath='{.status.nodes.dra} {.status.nodes.devicePlugin} {.status.nodes.readyDevicePlugin}'; }
   counted() { [[ "$(planes)" == "3 1 1" ]]; }
   if wait_until 60 counted; then
@@ -638,6 +655,42 @@ if wait_until 120 running switch; then
     fi
   else
     fail "a GPU lost on real-gpu-1: allocatable nvidia.com/gpu stayed '$(allocatable real-gpu-1)'"
+  fi
+  # Time-slicing from the GPUCluster: the operator writes the plugin's config file and the plugin
+  # pods roll; each GPU is offered twice, and once more when the sharing is taken out.
+  k patch gpucluster gpu-cluster --type merge -p '{"spec": {"devicePlugin": {"config": {"sharing":
+    {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}}}}' >/dev/null
+  t0=$SECONDS
+  sliced() { [[ "$(dp_on real-gpu-1)" == *" true" && "$(allocatable real-gpu-1)" == 4 ]]; }
+  if wait_until 120 sliced; then
+    sliced_after=$((SECONDS - t0))
+    k patch gpucluster gpu-cluster --type merge -p '{"spec": {"devicePlugin": {"config": {"sharing": null}}}}' >/dev/null
+    if wait_until 120 dp_served; then
+      pass "time-slicing with 2 replicas: allocatable nvidia.com/gpu 2 -> 4 in ${sliced_after}s after the GPUCluster edit, back to 2 when it was removed"
+    else
+      fail "sharing removed: allocatable nvidia.com/gpu '$(allocatable real-gpu-1)', pod '$(dp_on real-gpu-1)'"
+    fi
+  else
+    fail "time-slicing: allocatable nvidia.com/gpu '$(allocatable real-gpu-1)', pod '$(dp_on real-gpu-1)', configmap: $(k -n "$GNS" get configmap nvidia-device-plugin-config -o jsonpath='{.data}' 2>&1)"
+  fi
+  # A ClusterPolicy appears (the upstream CRD's stand-in): the operator, as a pod with the chart's
+  # RBAC, leaves the device-plugin plane to it and removes its device plugin; when the CRD goes,
+  # the plugin returns.
+  apply_policy() { k apply -f "$REPO_DIR/e2e/testdata/clusterpolicy-crd.yaml"; }
+  dp_ds() { k -n "$GNS" get daemonset nvidia-device-plugin-daemonset -o name 2>/dev/null; }
+  no_dp() { [[ -z "$(dp_ds)" && -z "$(dp_on real-gpu-1)" ]]; }
+  t0=$SECONDS
+  if wait_until 30 apply_policy && wait_until 60 no_dp; then
+    left_after=$((SECONDS - t0))
+    k delete crd clusterpolicies.nvidia.com --wait=true >/dev/null
+    if wait_until 120 dp_served; then
+      pass "a ClusterPolicy took the device-plugin plane: our device plugin gone in ${left_after}s, back when the ClusterPolicy CRD was deleted"
+    else
+      fail "after the ClusterPolicy CRD went: daemonset '$(dp_ds)', pod '$(dp_on real-gpu-1)', allocatable '$(allocatable real-gpu-1)'"
+    fi
+  else
+    fail "beside a ClusterPolicy: daemonset '$(dp_ds)', pod '$(dp_on real-gpu-1)'; operator log: $(k -n "$GNS" logs deploy/gpu-operator --tail=5 2>&1 | tr '\n' ' ')"
+    k delete crd clusterpolicies.nvidia.com --ignore-not-found >/dev/null
   fi
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
   returned() { [[ "$(plugin_on real-gpu-1)" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }

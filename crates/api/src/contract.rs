@@ -57,6 +57,8 @@ pub mod labels {
 
     /// Selects the device plugin's DaemonSet.
     pub const DEPLOY_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
+    /// Selects the device-plugin plane's validator.
+    pub const DEPLOY_OPERATOR_VALIDATOR: &str = "nvidia.com/gpu.deploy.operator-validator";
     /// Deploy keys that only the device-plugin plane uses; swept from DRA nodes.
     pub const DEVICE_PLUGIN_ONLY_KEYS: [&str; 16] = [
         "nvidia.com/gpu.deploy.gpu-feature-discovery",
@@ -251,6 +253,12 @@ pub mod objects {
     pub const KUBELET_PLUGIN_DAEMONSET: &str = "nvidia-dra-driver-kubelet-plugin";
     /// DaemonSet of the device plugin on `device-plugin` nodes (upstream's name).
     pub const DEVICE_PLUGIN_DAEMONSET: &str = "nvidia-device-plugin-daemonset";
+    /// ConfigMap of the device plugin's config file, rendered from `spec.devicePlugin.config.sharing`.
+    pub const DEVICE_PLUGIN_CONFIGMAP: &str = "nvidia-device-plugin-config";
+    /// DaemonSet of the device-plugin plane's validator (upstream's name).
+    pub const OPERATOR_VALIDATOR_DAEMONSET: &str = "nvidia-operator-validator";
+    /// Its ServiceAccount (shipped by the chart): it reads its node and runs a validation pod.
+    pub const OPERATOR_VALIDATOR_SERVICE_ACCOUNT: &str = "nvidia-operator-validator";
     /// Deployment of the ComputeDomain controller.
     pub const COMPUTE_DOMAIN_CONTROLLER: &str = "nvidia-dra-driver-controller";
     /// DaemonSet of the allocation-path validator.

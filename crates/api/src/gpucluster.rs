@@ -224,15 +224,84 @@ pub struct DevicePluginSpec {
     pub resources: Option<ResourceRequirements>,
 }
 
-/// What the device plugin offers.
+/// What the device plugin offers: a MIG strategy and sharing written here, or an upstream config
+/// file from a ConfigMap (`name` and `default`, as the upstream ClusterPolicy names them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!(has(self.name) && has(self.sharing))",
+     "message": "set either devicePlugin.config.sharing or devicePlugin.config.name (a ConfigMap with an upstream config file), not both"},
+    {"rule": "has(self.name) == has(self.default)",
+     "message": "devicePlugin.config.name and devicePlugin.config.default go together: the ConfigMap and its key holding the config file"},
+]))]
 pub struct DevicePluginConfig {
     /// How MIG devices are offered, as the upstream device plugin names the strategies: `none`
     /// (every GPU whole), `single` (MIG devices as `nvidia.com/gpu`), `mixed`
-    /// (`nvidia.com/mig-<profile>`).
+    /// (`nvidia.com/mig-<profile>`). A config file's `flags.migStrategy` wins over it.
     #[serde(default)]
     pub mig_strategy: MigStrategy,
+    /// How GPUs are shared between containers (the upstream config file's `sharing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<DevicePluginSharing>,
+    /// A ConfigMap in the operator's namespace holding an upstream device-plugin config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The key of that ConfigMap holding the config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+}
+
+impl DevicePluginConfig {
+    /// The upstream-format config file (`version: v1`, `flags.migStrategy`, `sharing`) for the
+    /// sharing written here; `None` when there is none (the MIG strategy alone goes by env).
+    pub fn file(&self) -> Option<String> {
+        let sharing = self.sharing.as_ref()?;
+        let file = serde_json::json!({
+            "version": "v1",
+            "flags": {"migStrategy": self.mig_strategy.as_str()},
+            "sharing": sharing,
+        });
+        Some(serde_yaml::to_string(&file).expect("a JSON value always serializes to YAML"))
+    }
+}
+
+/// Sharing on the device-plugin plane.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DevicePluginSharing {
+    /// Time-slicing: each device offered as several replicas that take turns on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicing>,
+}
+
+/// Time-slicing, as the upstream device plugin's config file writes it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeSlicing {
+    /// Offer every shared resource as `<name>.shared` unless it names its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rename_by_default: bool,
+    /// Refuse a container more than one replica of a resource.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_requests_greater_than_one: bool,
+    /// The resources shared.
+    #[schemars(length(min = 1))]
+    pub resources: Vec<SharedResource>,
+}
+
+/// One time-sliced resource.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedResource {
+    /// The resource as it is offered unshared: `nvidia.com/gpu` or `nvidia.com/mig-<profile>`.
+    #[schemars(regex(pattern = r"^nvidia\.com/(gpu|mig-[0-9a-z.+-]+)$"))]
+    pub name: String,
+    /// The name to offer it under instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename: Option<String>,
+    /// Replicas per device.
+    #[schemars(range(min = 2))]
+    pub replicas: u32,
 }
 
 /// A MIG strategy of the device plugin.

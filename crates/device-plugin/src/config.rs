@@ -320,6 +320,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_file_the_operator_renders_from_a_gpucluster_is_read_as_written() {
+        let config: api::gpucluster::DevicePluginConfig = serde_json::from_value(serde_json::json!({
+            "migStrategy": "mixed",
+            "sharing": {"timeSlicing": {"failRequestsGreaterThanOne": true, "resources": [
+                {"name": "nvidia.com/gpu", "replicas": 3},
+                {"name": "nvidia.com/mig-1g.10gb", "rename": "example.com/small", "replicas": 2}]}}
+        }))
+        .unwrap();
+        let c = FileConfig::parse(&config.file().unwrap()).unwrap();
+        assert_eq!(c.flags.mig_strategy, Some(MigStrategy::Mixed));
+        let ts = c.sharing.time_slicing.unwrap();
+        assert!(ts.fail_requests_greater_than_one && !ts.rename_by_default);
+        assert_eq!(ts.replicas("nvidia.com/gpu").unwrap().count, 3);
+        assert_eq!(
+            ts.replicas("nvidia.com/mig-1g.10gb").unwrap().offered_as,
+            "example.com/small"
+        );
+    }
+
+    #[test]
     fn upstream_config_parses() {
         let c = FileConfig::parse(
             "version: v1\nflags:\n  migStrategy: mixed\n  failOnInitError: true\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n    - name: nvidia.com/mig-1g.5gb\n      rename: example.com/small\n      replicas: 2\n",

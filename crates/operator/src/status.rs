@@ -37,10 +37,11 @@ pub fn daemonset(ds: &DaemonSet, labelled_nodes: i32) -> OperandStatus {
     }
 }
 
-/// The plane an operand serves: the device plugin serves `device-plugin` nodes, every other
-/// operand the `dra` ones.
+/// The plane an operand serves: the device plugin and its validator serve `device-plugin` nodes,
+/// every other operand the `dra` ones.
 pub fn plane_of(name: &str) -> AllocationMode {
-    if name == api::contract::objects::DEVICE_PLUGIN_DAEMONSET {
+    use api::contract::objects as o;
+    if [o::DEVICE_PLUGIN_DAEMONSET, o::OPERATOR_VALIDATOR_DAEMONSET].contains(&name) {
         AllocationMode::DevicePlugin
     } else {
         AllocationMode::Dra
@@ -344,6 +345,10 @@ mod tests {
             AllocationMode::DevicePlugin
         );
         assert_eq!(plane_of("nvidia-dra-validator"), AllocationMode::Dra);
+        assert_eq!(
+            plane_of("nvidia-operator-validator"),
+            AllocationMode::DevicePlugin
+        );
         let ds: DaemonSet = serde_json::from_value(
             json!({"metadata": {"name": "nvidia-device-plugin-daemonset", "generation": 1},
                    "status": {"observedGeneration": 1, "desiredNumberScheduled": 0,

@@ -9,7 +9,8 @@ use gpu_discovery::root::{
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Proves the NVIDIA driver is there (`driver`) and that the DRA allocation path works (`workload`).
+/// Proves the NVIDIA driver is there (`driver`), that the DRA allocation path works (`workload`)
+/// and that the device plugin serves the node (`plugin`).
 #[derive(Debug, Parser)]
 #[command(name = "dra-driver-validator", version)]
 pub struct Cli {
@@ -30,6 +31,9 @@ pub enum Command {
     /// Check that the GPUs injected into this container are the ones NVML shows, then report
     /// ready and stay up.
     Workload(WorkloadArgs),
+    /// Wait until the device plugin offers GPUs on this node, run a pod there that asks for one
+    /// (the `workload` check, once), then write `plugin-ready` and stay up.
+    Plugin(PluginArgs),
 }
 
 /// Options shared by both checks.
@@ -92,6 +96,44 @@ pub struct WorkloadArgs {
     /// Root under which the injected `libnvidia-ml.so.1` is found (the container's `/`).
     #[arg(long, env = "WORKLOAD_DRIVER_ROOT", default_value = "/")]
     pub driver_root: PathBuf,
+    /// Exit once the check passed instead of staying up (a one-shot validation pod).
+    #[arg(long, env = "EXIT_WHEN_READY", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub exit_when_ready: bool,
+}
+
+/// Where and how the device plugin is checked.
+#[derive(Debug, Args)]
+pub struct PluginArgs {
+    /// This node.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Namespace of the validation pod (this pod's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: String,
+    /// This pod's name and uid: the validation pod's owner, so it goes with this one.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This pod's uid.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
+    /// The resource the validation pod asks one of; by default `nvidia.com/gpu`, or another
+    /// `nvidia.com/` resource the node offers (a MIG profile, a shared GPU).
+    #[arg(long, env = "RESOURCE_NAME")]
+    pub resource: Option<String>,
+    /// Image of the validation pod (this one's).
+    #[arg(long, env = "VALIDATOR_IMAGE")]
+    pub image: String,
+    /// Its pull policy.
+    #[arg(
+        long,
+        env = "VALIDATOR_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent"
+    )]
+    pub image_pull_policy: String,
+    /// Its pull secrets, comma-separated.
+    #[arg(long, env = "VALIDATOR_IMAGE_PULL_SECRETS", value_delimiter = ',')]
+    pub image_pull_secrets: Vec<String>,
 }
 
 #[cfg(test)]

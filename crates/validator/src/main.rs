@@ -1,12 +1,14 @@
-//! `dra-driver-validator`: the init container of the kubelet-plugin pod (`driver`) and the main
-//! container of `nvidia-dra-validator` pods (`workload`).
+//! `dra-driver-validator`: the init container of the plugin pods (`driver`), the main container of
+//! `nvidia-dra-validator` pods (`workload`) and of `nvidia-operator-validator` pods on
+//! device-plugin nodes (`plugin`, which runs `workload` once in a pod of its own).
 //!
-//! Exit codes: 0 when the check passed (for `workload`, after a clean SIGTERM stop), 1 with one
+//! Exit codes: 0 when the check passed (for `workload` and `plugin`, after a clean SIGTERM stop), 1 with one
 //! line on stderr saying what is wrong and where it looked, 143 when SIGTERM ended a `driver` wait.
 #![forbid(unsafe_code)]
 
 mod cli;
 mod driver;
+mod plugin;
 mod retry;
 mod workload;
 
@@ -64,6 +66,10 @@ async fn run(cli: cli::Cli) -> ExitCode {
         },
         cli::Command::Workload(args) => match workload::run(&cli.common, args, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e.to_string()),
+        },
+        cli::Command::Plugin(args) => match plugin::run(&cli.common, args, shutdown).await {
+            Ok(()) | Err(retry::CommandError::Terminated) => ExitCode::SUCCESS,
             Err(e) => fail(&e.to_string()),
         },
     }

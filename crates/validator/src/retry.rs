@@ -74,14 +74,33 @@ impl<E: std::error::Error + 'static> From<Stop<E>> for CommandError<E> {
 /// Runs `attempt` under `policy`; each failed attempt that will be retried logs one line.
 pub async fn retry<T, E: Display, F: Future<Output = ()>>(
     policy: Policy,
-    mut shutdown: Pin<&mut F>,
+    shutdown: Pin<&mut F>,
     mut attempt: impl FnMut() -> Result<T, E>,
+) -> Result<T, Stop<E>> {
+    retry_async(policy, shutdown, || std::future::ready(attempt())).await
+}
+
+/// [`retry`] for attempts that wait on I/O; a shutdown ends a waiting attempt too.
+pub async fn retry_async<
+    T,
+    E: Display,
+    F: Future<Output = ()>,
+    A: Future<Output = Result<T, E>>,
+>(
+    policy: Policy,
+    mut shutdown: Pin<&mut F>,
+    mut attempt: impl FnMut() -> A,
 ) -> Result<T, Stop<E>> {
     let deadline = policy.timeout.map(|t| Instant::now() + t);
     let mut tries = 0u64;
     loop {
         tries += 1;
-        let error = match attempt() {
+        let outcome = tokio::select! {
+            biased;
+            outcome = attempt() => outcome,
+            () = &mut shutdown => return Err(Stop::Terminated),
+        };
+        let error = match outcome {
             Ok(value) => return Ok(value),
             Err(e) if !policy.with_wait => return Err(Stop::Failed(e)),
             Err(e) => e,

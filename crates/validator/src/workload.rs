@@ -159,6 +159,9 @@ pub async fn run<F: Future<Output = ()>>(
         list(&expected),
         inventory.gpus.len()
     );
+    if args.exit_when_ready {
+        return Ok(());
+    }
     shutdown.await;
     // The pod is going away; a stale marker must not make a later container look ready.
     let _ = std::fs::remove_file(&path);

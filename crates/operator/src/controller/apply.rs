@@ -19,8 +19,9 @@ use crate::render::Object;
 use super::{Context, Error, FIELD_MANAGER, MANAGED_SELECTOR, api_err};
 
 /// The kinds the operator owns: (apiVersion, kind, namespaced).
-pub(super) const OWNED_KINDS: [(&str, &str, bool); 8] = [
+pub(super) const OWNED_KINDS: [(&str, &str, bool); 9] = [
     ("apps/v1", "DaemonSet", true),
+    ("v1", "ConfigMap", true),
     ("apps/v1", "Deployment", true),
     ("v1", "Service", true),
     ("resource.k8s.io/v1", "ResourceClaimTemplate", true),

@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use kube::api::DynamicObject;
 use kube::runtime::Controller;
@@ -299,6 +299,10 @@ pub async fn run(
     )
     .owns(
         Api::<Service>::namespaced(client.clone(), &ns),
+        owned.clone(),
+    )
+    .owns(
+        Api::<ConfigMap>::namespaced(client.clone(), &ns),
         owned.clone(),
     )
     .owns(

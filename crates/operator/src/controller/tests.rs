@@ -19,7 +19,8 @@ use crate::render::DefaultImages;
 
 const NS: &str = "gpu-operator";
 const GC_UID: &str = "0b5e7f2a-0000-4000-8000-000000000001";
-const COLLECTIONS: [&str; 9] = [
+const COLLECTIONS: [&str; 10] = [
+    "configmaps",
     "daemonsets",
     "deployments",
     "services",

@@ -2,11 +2,13 @@
 
 use api::GPUClusterSpec;
 use api::contract::{env as e, labels as l, objects as o, paths};
-use serde_json::json;
+use api::gpucluster::DevicePluginConfig;
+use serde_json::{Value, json};
 
 use super::plugin::{driver_validation, gpu_node_affinity, host_path, node_volumes, pull_secrets};
 use super::{
-    Inputs, Object, Operand, RenderError, env, node_name_env, operand_daemonset, resources,
+    Inputs, Object, Operand, RenderError, env, meta, node_name_env, operand_daemonset, resources,
+    typed,
 };
 
 const COMPONENT: &str = "device-plugin";
@@ -41,7 +43,11 @@ pub fn device_plugin(
     let kubelet_root = spec.host_paths.kubelet_root_dir.trim_end_matches('/');
     let device_plugins = format!("{kubelet_root}/device-plugins");
     let driver_ready = format!("{}/{}", paths::VALIDATIONS_DIR, paths::DRIVER_READY_FILE);
+    let config = ConfigFile::of(&dp.config);
     let mut env_list = vec![node_name_env()];
+    if config.is_some() {
+        env_list.push(json!({"name": e::CONFIG_FILE, "value": CONFIG_PATH}));
+    }
     env_list.extend(
         env(
             &[
@@ -76,6 +82,25 @@ pub fn device_plugin(
             {"name": "validations", "mountPath": paths::VALIDATIONS_DIR, "readOnly": true},
         ],
     });
+    let mut container = container;
+    let mut volumes = node_volumes(
+        spec,
+        [host_path(
+            "device-plugins",
+            &device_plugins,
+            "DirectoryOrCreate",
+        )],
+    );
+    if let Some(config) = &config {
+        container["volumeMounts"]
+            .as_array_mut()
+            .expect("a list")
+            .push(json!({"name": "config", "mountPath": CONFIG_DIR, "readOnly": true}));
+        volumes
+            .as_array_mut()
+            .expect("a list")
+            .push(config.volume());
+    }
     let pod = json!({
         // The plugin talks to the kubelet only, never to the API.
         "automountServiceAccountToken": false,
@@ -84,7 +109,7 @@ pub fn device_plugin(
         "imagePullSecrets": pull_secrets(pull_secret_names),
         "initContainers": [driver_validation(spec, &validator_image, resources(&dp.resources))],
         "containers": [container],
-        "volumes": node_volumes(spec, [host_path("device-plugins", &device_plugins, "DirectoryOrCreate")]),
+        "volumes": volumes,
     });
     let operand = Operand {
         name: o::DEVICE_PLUGIN_DAEMONSET,
@@ -92,11 +117,63 @@ pub fn device_plugin(
         selector: json!({"app": o::DEVICE_PLUGIN_DAEMONSET}),
         default_max_unavailable: "1",
     };
-    Ok(vec![operand_daemonset(
-        operand,
-        inputs,
-        &spec.daemonsets,
-        json!({}),
-        pod,
-    )])
+    let mut daemonset = operand_daemonset(operand, inputs, &spec.daemonsets, json!({}), pod);
+    let mut objects = Vec::new();
+    if let Some(ConfigFile::Rendered(text)) = &config {
+        // The plugin reads its config once: a new config rolls the pods.
+        if let Object::DaemonSet(ds) = &mut daemonset {
+            ds.spec
+                .get_or_insert_default()
+                .template
+                .metadata
+                .get_or_insert_default()
+                .annotations
+                .get_or_insert_default()
+                .insert(CONFIG_HASH_ANNOTATION.into(), digest(text));
+        }
+        objects.push(Object::ConfigMap(typed(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta(o::DEVICE_PLUGIN_CONFIGMAP, inputs.namespace, COMPONENT),
+            "data": {CONFIG_KEY: text},
+        }))));
+    }
+    objects.push(daemonset);
+    Ok(objects)
+}
+
+/// Where the plugin container finds its config file.
+const CONFIG_DIR: &str = "/etc/gpu-device-plugin";
+const CONFIG_KEY: &str = "config.yaml";
+const CONFIG_PATH: &str = "/etc/gpu-device-plugin/config.yaml";
+/// Pod annotation with a digest of the rendered config file.
+const CONFIG_HASH_ANNOTATION: &str = "gpu-operator-rs.dev/device-plugin-config";
+
+/// The plugin's config file: rendered from `config.sharing`, or an admin's ConfigMap key.
+enum ConfigFile<'a> {
+    Rendered(String),
+    Referenced { name: &'a str, key: &'a str },
+}
+
+impl<'a> ConfigFile<'a> {
+    fn of(config: &'a DevicePluginConfig) -> Option<Self> {
+        if let (Some(name), Some(key)) = (&config.name, &config.default) {
+            return Some(ConfigFile::Referenced { name, key });
+        }
+        config.file().map(ConfigFile::Rendered)
+    }
+
+    fn volume(&self) -> Value {
+        let (name, key) = match self {
+            ConfigFile::Rendered(_) => (o::DEVICE_PLUGIN_CONFIGMAP, CONFIG_KEY),
+            ConfigFile::Referenced { name, key } => (*name, *key),
+        };
+        json!({"name": "config", "configMap": {"name": name, "items": [{"key": key, "path": CONFIG_KEY}]}})
+    }
+}
+
+fn digest(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(text.as_bytes());
+    hash.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }

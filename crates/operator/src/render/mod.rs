@@ -20,7 +20,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, EnvVar, ResourceRequirements, Service};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::DynamicObject;
@@ -76,6 +76,8 @@ pub enum Object {
     ResourceClaimTemplate(Box<ResourceClaimTemplate>),
     /// An operand Service.
     Service(Box<Service>),
+    /// An operand's configuration.
+    ConfigMap(Box<ConfigMap>),
     /// The ResourceSlice admission policy.
     Policy(Box<ValidatingAdmissionPolicy>),
     /// Its binding.
@@ -103,6 +105,7 @@ impl Object {
             Object::DeviceClass(o) => serde_json::to_value(o),
             Object::ResourceClaimTemplate(o) => serde_json::to_value(o),
             Object::Service(o) => serde_json::to_value(o),
+            Object::ConfigMap(o) => serde_json::to_value(o),
             Object::Policy(o) => serde_json::to_value(o),
             Object::PolicyBinding(o) => serde_json::to_value(o),
             Object::ServiceMonitor(o) => serde_json::to_value(o),
@@ -139,6 +142,7 @@ pub fn desired(spec: &GPUClusterSpec, inputs: &Inputs<'_>) -> Desired {
     push(plugin::kubelet_plugin(spec, inputs));
     push(device_plugin::device_plugin(spec, inputs));
     push(validator::validator(spec, inputs));
+    push(validator::device_plugin_validator(spec, inputs));
     push(dcgm::exporter(spec, inputs));
     push(dcgm::standalone(spec, inputs));
     out

@@ -62,6 +62,7 @@ fn default_spec_renders_every_default_operand() {
             "DaemonSet/nvidia-device-plugin-daemonset",
             "ResourceClaimTemplate/nvidia-dra-validator-gpu",
             "DaemonSet/nvidia-dra-validator",
+            "DaemonSet/nvidia-operator-validator",
             "ResourceClaimTemplate/nvidia-dcgm-exporter-admin",
             "DaemonSet/nvidia-dcgm-exporter-dra",
             "Service/nvidia-dcgm-exporter-dra",
@@ -168,7 +169,141 @@ fn the_device_plugin_uses_the_plugin_image_and_can_be_turned_off() {
         &spec(json!({"devicePlugin": {"enabled": false}})),
         ClusterFacts::default(),
     );
-    assert!(!ids(&off).iter().any(|i| i.contains("device-plugin")));
+    assert!(
+        !ids(&off)
+            .iter()
+            .any(|i| i.contains("device-plugin") || i.contains("operator-validator"))
+    );
+}
+
+#[test]
+fn the_device_plugin_planes_validator_runs_a_validation_pod_on_its_nodes() {
+    let d = render(
+        &spec(json!({"validator": {"imagePullSecrets": ["regcred"]}})),
+        ClusterFacts::default(),
+    );
+    let ds = d
+        .objects
+        .iter()
+        .find(|o| o.id() == "DaemonSet/nvidia-operator-validator")
+        .expect("the device-plugin plane's validator")
+        .to_value();
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"]["nvidia.com/gpu.deploy.operator-validator"],
+        "true"
+    );
+    assert_eq!(pod["serviceAccountName"], "nvidia-operator-validator");
+    assert_eq!(pod["initContainers"][0]["name"], "driver-validation");
+    let main = &pod["containers"][0];
+    assert_eq!(main["command"], json!(["dra-driver-validator", "plugin"]));
+    let env = |name: &str| {
+        main["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    // The validation pod runs the validator's own image, with its pull secrets.
+    assert_eq!(env("VALIDATOR_IMAGE")["value"], images().validator);
+    assert_eq!(env("VALIDATOR_IMAGE_PULL_SECRETS")["value"], "regcred");
+    assert_eq!(
+        env("POD_UID")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.uid"
+    );
+}
+
+fn device_plugin_pod(d: &Desired) -> Value {
+    let ds = d
+        .objects
+        .iter()
+        .find(|o| o.id() == "DaemonSet/nvidia-device-plugin-daemonset")
+        .unwrap()
+        .to_value();
+    ds["spec"]["template"].clone()
+}
+
+fn config_file_env(template: &Value) -> Option<String> {
+    template["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "CONFIG_FILE")
+        .map(|e| e["value"].as_str().unwrap().to_owned())
+}
+
+#[test]
+fn time_slicing_becomes_a_config_file_that_rolls_the_plugin_when_it_changes() {
+    let sharing = |replicas: u32| {
+        spec(
+            json!({"devicePlugin": {"config": {"migStrategy": "mixed", "sharing": {"timeSlicing": {
+            "renameByDefault": true,
+            "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}}}}),
+        )
+    };
+    let d = render(&sharing(4), ClusterFacts::default());
+    let map = d
+        .objects
+        .iter()
+        .find(|o| o.id() == "ConfigMap/nvidia-device-plugin-config")
+        .expect("the config's ConfigMap")
+        .to_value();
+    let file: Value = serde_yaml::from_str(map["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        file,
+        json!({"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": {"timeSlicing": {
+            "renameByDefault": true, "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}})
+    );
+    let template = device_plugin_pod(&d);
+    let path = config_file_env(&template).expect("CONFIG_FILE");
+    let mount = template["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "config")
+        .unwrap()
+        .clone();
+    assert!(path.starts_with(mount["mountPath"].as_str().unwrap()));
+    let hash = |d: &Desired| {
+        device_plugin_pod(d)["metadata"]["annotations"]["gpu-operator-rs.dev/device-plugin-config"]
+            .clone()
+    };
+    assert_ne!(hash(&d), Value::Null);
+    assert_eq!(
+        hash(&d),
+        hash(&render(&sharing(4), ClusterFacts::default()))
+    );
+    assert_ne!(
+        hash(&d),
+        hash(&render(&sharing(2), ClusterFacts::default()))
+    );
+}
+
+#[test]
+fn an_admins_config_map_is_mounted_by_its_key_and_no_config_means_no_file() {
+    let d = render(
+        &spec(json!({"devicePlugin": {"config": {"name": "my-plugin-config", "default": "a100"}}})),
+        ClusterFacts::default(),
+    );
+    assert!(!ids(&d).contains(&"ConfigMap/nvidia-device-plugin-config".to_owned()));
+    let template = device_plugin_pod(&d);
+    assert!(config_file_env(&template).is_some());
+    let volume = template["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "config")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        volume["configMap"],
+        json!({"name": "my-plugin-config", "items": [{"key": "a100", "path": "config.yaml"}]})
+    );
+    let plain = render(&spec(json!({})), ClusterFacts::default());
+    assert_eq!(config_file_env(&device_plugin_pod(&plain)), None);
+    assert!(!ids(&plain).iter().any(|i| i.starts_with("ConfigMap/")));
 }
 
 #[test]
@@ -181,7 +316,9 @@ fn a_cluster_policy_keeps_the_device_plugin_plane_to_itself() {
         },
     );
     let ids = ids(&with_policy);
-    assert!(!ids.iter().any(|i| i.contains("device-plugin")), "{ids:?}");
+    let device_plugin_plane =
+        |i: &String| i.contains("device-plugin") || i.contains("operator-validator");
+    assert!(!ids.iter().any(device_plugin_plane), "{ids:?}");
     // The DRA plane stays.
     assert!(
         ids.contains(&"DaemonSet/nvidia-dra-driver-kubelet-plugin".to_owned()),
