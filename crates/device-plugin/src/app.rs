@@ -10,8 +10,9 @@ use crate::proto;
 use crate::serve::{self, Endpoint};
 use crate::state::State;
 use anyhow::Context;
+use gpu_discovery::DriverPaths;
 use gpu_discovery::{DriverReady, InitMode, NvmlSession, root};
-use kubelet_plugin::cdi::{CdiWriter, DriverRoots};
+use kubelet_plugin::cdi::CdiWriter;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -104,7 +105,7 @@ async fn track_health(
 /// Reads the GPUs and decides the plan.
 fn read_plan(
     offer: &Offer,
-    roots: &DriverRoots,
+    roots: &DriverPaths,
 ) -> anyhow::Result<(Plan, BTreeMap<u32, String>, std::path::PathBuf)> {
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -130,10 +131,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let ready = DriverReady::read(&config.driver_ready_file)
         .inspect_err(|e| tracing::info!(file = %config.driver_ready_file.display(), error = %e, "no usable driver-ready file; using the flags"))
         .ok();
-    let roots = DriverRoots::decide(
+    let roots = DriverPaths::decide(
         &config.nvidia_driver_root,
         &config.driver_root_ctr_path,
-        ready.as_ref(),
+        ready.as_ref().map(|r| &r.paths),
     );
     tracing::info!(node = %config.node_name, "starting");
     let offer = config.offer()?;

@@ -4,7 +4,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpu_discovery::testing::{FakeNode, mock_config};
-use gpu_discovery::{InitMode, NvmlSession, root};
+use gpu_discovery::{DriverReady, InitMode, NvmlSession, root};
 use std::hint::black_box;
 
 fn probe(c: &mut Criterion) {
@@ -28,7 +28,7 @@ fn probe(c: &mut Criterion) {
                 session.driver_version().unwrap(),
                 session.device_count().unwrap(),
             ));
-            found.driver_ready().write(&ready).unwrap();
+            DriverReady::from(&found).write(&ready).unwrap();
         })
     });
 }

@@ -4,7 +4,8 @@
 //! `NVIDIA_DEV_ROOT` and `DEV_ROOT_CTR_PATH`, written atomically so a reader never sees a part.
 
 use crate::atomic::{Durability, replace};
-use crate::root::{SearchedRoot, find_library};
+use crate::driver_paths::DriverPaths;
+use crate::root::{DriverLocation, DriverRoot, SearchedRoot, find_library};
 use api::contract::env::{
     DEV_ROOT_CTR_PATH, DRIVER_ROOT_CTR_PATH, IS_HOST_DRIVER, NVIDIA_DEV_ROOT, NVIDIA_DRIVER_ROOT,
 };
@@ -22,14 +23,19 @@ pub const FILE_NAME: &str = paths::DRIVER_READY_FILE;
 pub struct DriverReady {
     /// The driver is installed on the host (not by a driver container).
     pub is_host_driver: bool,
-    /// Host path of the driver root.
-    pub nvidia_driver_root: PathBuf,
-    /// The driver root inside the validator/plugin containers.
-    pub driver_root_ctr_path: PathBuf,
-    /// Host path of the dev root.
-    pub nvidia_dev_root: PathBuf,
-    /// The dev root inside the validator/plugin containers.
-    pub dev_root_ctr_path: PathBuf,
+    /// The driver and dev roots (`NVIDIA_DRIVER_ROOT`, `DRIVER_ROOT_CTR_PATH`, `NVIDIA_DEV_ROOT`,
+    /// `DEV_ROOT_CTR_PATH`), the container paths as the validator and plugin containers see them.
+    pub paths: DriverPaths,
+}
+
+impl From<&DriverRoot> for DriverReady {
+    /// The file for a probed driver.
+    fn from(root: &DriverRoot) -> Self {
+        Self {
+            is_host_driver: root.location == DriverLocation::Host,
+            paths: root.paths.clone(),
+        }
+    }
 }
 
 /// Why a driver-ready file could not be read.
@@ -65,10 +71,10 @@ impl DriverReady {
         format!(
             "{IS_HOST_DRIVER}={}\n{NVIDIA_DRIVER_ROOT}={}\n{DRIVER_ROOT_CTR_PATH}={}\n{NVIDIA_DEV_ROOT}={}\n{DEV_ROOT_CTR_PATH}={}\n",
             self.is_host_driver,
-            self.nvidia_driver_root.display(),
-            self.driver_root_ctr_path.display(),
-            self.nvidia_dev_root.display(),
-            self.dev_root_ctr_path.display(),
+            self.paths.driver_root.display(),
+            self.paths.driver_root_ctr.display(),
+            self.paths.dev_root.display(),
+            self.paths.dev_root_ctr.display(),
         )
     }
 
@@ -104,10 +110,12 @@ impl DriverReady {
         };
         Ok(Self {
             is_host_driver,
-            nvidia_driver_root: get(NVIDIA_DRIVER_ROOT)?.into(),
-            driver_root_ctr_path: get(DRIVER_ROOT_CTR_PATH)?.into(),
-            nvidia_dev_root: get(NVIDIA_DEV_ROOT)?.into(),
-            dev_root_ctr_path: get(DEV_ROOT_CTR_PATH)?.into(),
+            paths: DriverPaths {
+                driver_root: get(NVIDIA_DRIVER_ROOT)?.into(),
+                driver_root_ctr: get(DRIVER_ROOT_CTR_PATH)?.into(),
+                dev_root: get(NVIDIA_DEV_ROOT)?.into(),
+                dev_root_ctr: get(DEV_ROOT_CTR_PATH)?.into(),
+            },
         })
     }
 
@@ -123,7 +131,7 @@ impl DriverReady {
     /// Finds the driver's `libnvidia-ml.so.1` under the driver root as this container sees it
     /// (what the kubelet plugin opens NVML from after reading the file).
     pub fn nvml_library(&self) -> Result<PathBuf, SearchedRoot> {
-        find_library(&self.driver_root_ctr_path, "driver root")
+        find_library(&self.paths.driver_root_ctr, "driver root")
     }
 
     /// Writes the file at `path` atomically.
@@ -148,10 +156,12 @@ mod tests {
     fn sample() -> DriverReady {
         DriverReady {
             is_host_driver: false,
-            nvidia_driver_root: "/run/nvidia/driver".into(),
-            driver_root_ctr_path: "/driver-root".into(),
-            nvidia_dev_root: "/".into(),
-            dev_root_ctr_path: "/host".into(),
+            paths: DriverPaths {
+                driver_root: "/run/nvidia/driver".into(),
+                driver_root_ctr: "/driver-root".into(),
+                dev_root: "/".into(),
+                dev_root_ctr: "/host".into(),
+            },
         }
     }
 

@@ -4,6 +4,8 @@
 //!   work out the paths the `driver-ready` file carries.
 //! - [`driver_files`]: the user-space libraries, binaries, firmware, IPC sockets and device nodes
 //!   a GPU container needs, found under a probed driver root.
+//! - [`driver_paths`]: the driver and dev roots, on the host and in this container: one type for
+//!   the file, a probed driver and the plugins.
 //! - [`driver_ready`]: that file's format, an atomic writer and a parser.
 //! - [`nvml`]: an NVML session loaded from the probed root's `libnvidia-ml.so.1` (never from the
 //!   default library search path), reading a plain [`model`] of GPUs and MIG devices, and device
@@ -13,6 +15,7 @@
 
 pub mod atomic;
 pub mod driver_files;
+pub mod driver_paths;
 pub mod driver_ready;
 pub mod model;
 pub mod nvml;
@@ -20,6 +23,7 @@ pub mod root;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
+pub use driver_paths::DriverPaths;
 pub use driver_ready::DriverReady;
 pub use model::{CudaVersion, Gpu, Inventory, MigDevice, MigMode, UnreadableGpu};
 pub use nvml::{DeviceEvent, EventKind, EventWatch, InitMode, NvmlError, NvmlSession};

@@ -7,7 +7,7 @@
 //! directory, else the host's `/`.
 
 use crate::driver_files::{self, Entry, RootTree, Tree};
-use crate::driver_ready::DriverReady;
+use crate::driver_paths::DriverPaths;
 use api::contract::paths;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -61,31 +61,12 @@ pub enum DriverLocation {
 pub struct DriverRoot {
     /// Host or container driver.
     pub location: DriverLocation,
-    /// The driver root as a host path (`/` or the install dir).
-    pub driver_root: PathBuf,
-    /// The driver root as this container sees it.
-    pub driver_root_ctr_path: PathBuf,
-    /// The dev root as a host path.
-    pub dev_root: PathBuf,
-    /// The dev root as this container sees it.
-    pub dev_root_ctr_path: PathBuf,
+    /// The driver root (`/` or the install dir) and the dev root.
+    pub paths: DriverPaths,
     /// `libnvidia-ml.so.1`, symlinks resolved, as this container sees it.
     pub nvml_library: PathBuf,
     /// `nvidia-smi`, when the root has one.
     pub nvidia_smi: Option<PathBuf>,
-}
-
-impl DriverRoot {
-    /// The `driver-ready` file contents for this driver.
-    pub fn driver_ready(&self) -> DriverReady {
-        DriverReady {
-            is_host_driver: self.location == DriverLocation::Host,
-            nvidia_driver_root: self.driver_root.clone(),
-            driver_root_ctr_path: self.driver_root_ctr_path.clone(),
-            nvidia_dev_root: self.dev_root.clone(),
-            dev_root_ctr_path: self.dev_root_ctr_path.clone(),
-        }
-    }
 }
 
 /// One root that was searched without success, with every path looked at.
@@ -154,11 +135,13 @@ fn host_driver(settings: &ProbeSettings, nvml_library: PathBuf) -> DriverRoot {
     let root = &settings.host_root;
     DriverRoot {
         location: DriverLocation::Host,
-        driver_root: "/".into(),
-        driver_root_ctr_path: root.clone(),
-        // The host's `/` is the dev root whether or not it has `dev/`.
-        dev_root: "/".into(),
-        dev_root_ctr_path: root.clone(),
+        paths: DriverPaths {
+            driver_root: "/".into(),
+            driver_root_ctr: root.clone(),
+            // The host's `/` is the dev root whether or not it has `dev/`.
+            dev_root: "/".into(),
+            dev_root_ctr: root.clone(),
+        },
         nvidia_smi: find_smi(root),
         nvml_library,
     }
@@ -166,17 +149,19 @@ fn host_driver(settings: &ProbeSettings, nvml_library: PathBuf) -> DriverRoot {
 
 fn container_driver(settings: &ProbeSettings, nvml_library: PathBuf) -> DriverRoot {
     let root = &settings.driver_install_dir_ctr_path;
-    let (dev_root, dev_root_ctr_path) = if root.join("dev").is_dir() {
+    let (dev_root, dev_root_ctr) = if root.join("dev").is_dir() {
         (settings.driver_install_dir.clone(), root.clone())
     } else {
         (PathBuf::from("/"), settings.host_root.clone())
     };
     DriverRoot {
         location: DriverLocation::Container,
-        driver_root: settings.driver_install_dir.clone(),
-        driver_root_ctr_path: root.clone(),
-        dev_root,
-        dev_root_ctr_path,
+        paths: DriverPaths {
+            driver_root: settings.driver_install_dir.clone(),
+            driver_root_ctr: root.clone(),
+            dev_root,
+            dev_root_ctr,
+        },
         nvidia_smi: find_smi(root),
         nvml_library,
     }
@@ -313,13 +298,16 @@ mod tests {
         );
         let found = probe(&s).unwrap();
         assert_eq!(
-            (found.dev_root.as_path(), found.dev_root_ctr_path.as_path()),
+            (
+                found.paths.dev_root.as_path(),
+                found.paths.dev_root_ctr.as_path()
+            ),
             (Path::new("/"), s.host_root.as_path())
         );
         fs::create_dir(s.driver_install_dir_ctr_path.join("dev")).unwrap();
         let found = probe(&s).unwrap();
-        assert_eq!(found.dev_root, s.driver_install_dir);
-        assert_eq!(found.dev_root_ctr_path, s.driver_install_dir_ctr_path);
+        assert_eq!(found.paths.dev_root, s.driver_install_dir);
+        assert_eq!(found.paths.dev_root_ctr, s.driver_install_dir_ctr_path);
     }
 
     #[test]

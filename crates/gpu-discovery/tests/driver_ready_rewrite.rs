@@ -6,20 +6,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 fn host() -> DriverReady {
     DriverReady {
         is_host_driver: true,
-        nvidia_driver_root: "/".into(),
-        driver_root_ctr_path: "/host".into(),
-        nvidia_dev_root: "/".into(),
-        dev_root_ctr_path: "/host".into(),
+        paths: gpu_discovery::DriverPaths {
+            driver_root: "/".into(),
+            driver_root_ctr: "/host".into(),
+            dev_root: "/".into(),
+            dev_root_ctr: "/host".into(),
+        },
     }
 }
 
 fn container() -> DriverReady {
     DriverReady {
         is_host_driver: false,
-        nvidia_driver_root: "/run/nvidia/driver/with/a/much/longer/path/than/the/host/one".into(),
-        driver_root_ctr_path: "/driver-root".into(),
-        nvidia_dev_root: "/run/nvidia/driver/with/a/much/longer/path/than/the/host/one".into(),
-        dev_root_ctr_path: "/driver-root".into(),
+        paths: gpu_discovery::DriverPaths {
+            driver_root: "/run/nvidia/driver/with/a/much/longer/path/than/the/host/one".into(),
+            driver_root_ctr: "/driver-root".into(),
+            dev_root: "/run/nvidia/driver/with/a/much/longer/path/than/the/host/one".into(),
+            dev_root_ctr: "/driver-root".into(),
+        },
     }
 }
 

@@ -204,7 +204,7 @@ fn a_reader_of_driver_ready_opens_the_same_nvml() {
     let node = FakeNode::new();
     node.install_container_driver(&mock_config("t4", 1), false);
     let found = root::probe(&node.settings()).unwrap();
-    let ready = found.driver_ready();
+    let ready = gpu_discovery::DriverReady::from(&found);
     assert_eq!(ready.nvml_library().unwrap(), found.nvml_library);
     let inv = open(&ready.nvml_library().unwrap()).inventory().unwrap();
     assert_eq!(inv.gpus[0].product_name, "Tesla T4");

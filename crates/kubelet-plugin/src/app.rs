@@ -1,7 +1,7 @@
 //! The running plugin: wires configuration, NVML, the checkpoint, the sockets, the slice
 //! publisher, liveness and metrics together.
 
-use crate::cdi::{CdiWriter, DriverRoots};
+use crate::cdi::CdiWriter;
 use crate::checkpoint::{CheckpointStore, LoadOutcome};
 use crate::config::Config;
 use crate::devices::DeviceTable;
@@ -15,6 +15,7 @@ use crate::server::{SocketPaths, Sockets};
 use crate::sockets::private_dir;
 use anyhow::Context;
 use api::contract::DRIVER_NAME;
+use gpu_discovery::DriverPaths;
 use gpu_discovery::{DriverReady, InitMode, NvmlSession, UnreadableGpu, root};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -22,7 +23,7 @@ use std::sync::Arc;
 
 /// Reads the node's devices through NVML loaded from the container driver root, with the GPUs
 /// NVML could not read (left out of the table).
-pub fn read_devices(roots: &DriverRoots) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
+pub fn read_devices(roots: &DriverPaths) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let session = NvmlSession::open(&library, InitMode::Full)?;
@@ -143,10 +144,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             None
         }
     };
-    let roots = DriverRoots::decide(
+    let roots = DriverPaths::decide(
         &config.nvidia_driver_root,
         &config.driver_root_ctr_path,
-        ready.as_ref(),
+        ready.as_ref().map(|r| &r.paths),
     );
     let (table, unreadable) = read_devices(&roots).context("reading the GPUs through NVML")?;
     tracing::info!(devices = table.devices.len(), driver = %table.driver_version, "GPUs found");

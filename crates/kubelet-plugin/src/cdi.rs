@@ -12,7 +12,7 @@
 
 use crate::devices::{DeviceKind, NodeDevice};
 use api::contract::cdi::{CLASS, VENDOR};
-use gpu_discovery::DriverReady;
+use gpu_discovery::DriverPaths;
 use gpu_discovery::atomic::{Durability, replace};
 use gpu_discovery::driver_files::{self, CapNode, DriverFiles, Missing, RootTree};
 use serde::Serialize;
@@ -337,68 +337,25 @@ pub enum WriteError {
         /// What is missing, with the paths looked at inside the roots.
         missing: Vec<Missing>,
         /// The roots searched.
-        roots: DriverRoots,
+        roots: DriverPaths,
     },
     /// Writing failed.
     #[error(transparent)]
     Io(#[from] io::Error),
 }
 
-/// The driver root and the dev root, on the host and as this container sees them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverRoots {
-    /// The driver root on the host.
-    pub driver_root: PathBuf,
-    /// The driver root as this container sees it.
-    pub driver_root_ctr: PathBuf,
-    /// The dev root on the host.
-    pub dev_root: PathBuf,
-    /// The dev root as this container sees it.
-    pub dev_root_ctr: PathBuf,
-}
-
-impl DriverRoots {
-    /// The roots from the flags (the driver root on the host and as this container sees it) and
-    /// an optional `driver-ready` content, which wins when present. Without it the dev root is the
-    /// driver root when that has a `dev/` dir, else the host's `/`, which this container is
-    /// expected to see at `/` (its `/dev` the host's).
-    pub fn decide(driver_root: &Path, driver_root_ctr: &Path, ready: Option<&DriverReady>) -> Self {
-        match ready {
-            Some(r) => Self {
-                driver_root: r.nvidia_driver_root.clone(),
-                driver_root_ctr: r.driver_root_ctr_path.clone(),
-                dev_root: r.nvidia_dev_root.clone(),
-                dev_root_ctr: r.dev_root_ctr_path.clone(),
-            },
-            None => {
-                let (dev_root, dev_root_ctr) = if driver_root_ctr.join("dev").is_dir() {
-                    (driver_root.to_path_buf(), driver_root_ctr.to_path_buf())
-                } else {
-                    (PathBuf::from("/"), PathBuf::from("/"))
-                };
-                Self {
-                    driver_root: driver_root.to_path_buf(),
-                    driver_root_ctr: driver_root_ctr.to_path_buf(),
-                    dev_root,
-                    dev_root_ctr,
-                }
-            }
-        }
-    }
-}
-
 /// Writes and removes claim specs in a CDI root.
 #[derive(Debug, Clone)]
 pub struct CdiWriter {
     root: PathBuf,
-    roots: DriverRoots,
+    roots: DriverPaths,
     procfs_root: PathBuf,
 }
 
 impl CdiWriter {
     /// Specs go to `root`; the driver's files are looked up in `roots`, MIG capabilities in the
     /// `proc/` of `/`.
-    pub fn new(root: &Path, roots: &DriverRoots) -> Self {
+    pub fn new(root: &Path, roots: &DriverPaths) -> Self {
         Self {
             root: root.to_path_buf(),
             roots: roots.clone(),

@@ -1,14 +1,14 @@
 //! Test fixtures shared by the unit tests.
 
-use crate::cdi::DriverRoots;
 use crate::devices::{DeviceKind, DeviceTable, GpuCommon, NodeDevice};
+use gpu_discovery::DriverPaths;
 use gpu_discovery::MigDevice;
 use std::path::Path;
 
 /// Lays out a fake driver in `dir/driver` (a stand-in `libnvidia-ml`, then
 /// [`gpu_discovery::testing::install_driver_files`] with `/dev/nvidia0..gpus`) and returns roots
 /// that see it at the same path from the host and from this container.
-pub fn driver_roots(dir: &Path, gpus: u32) -> DriverRoots {
+pub fn driver_roots(dir: &Path, gpus: u32) -> DriverPaths {
     use gpu_discovery::testing::{self, LIBRARY_DIR, VERSIONED_NAME};
     let root = dir.join("driver");
     let lib = root.join(LIBRARY_DIR);
@@ -18,7 +18,7 @@ pub fn driver_roots(dir: &Path, gpus: u32) -> DriverRoots {
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(VERSIONED_NAME, link).unwrap();
     testing::install_driver_files(&root, 0..gpus);
-    DriverRoots {
+    DriverPaths {
         driver_root: root.clone(),
         driver_root_ctr: root.clone(),
         dev_root: root.clone(),

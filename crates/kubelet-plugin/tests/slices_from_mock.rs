@@ -102,7 +102,7 @@ fn a_lost_gpu_is_left_out_and_the_others_are_published() {
     let fake = FakeNode::new();
     fake.install_host_driver(&serde_json::json!({
         "profile": "a100-sxm4-80gb", "gpu_count": 8, "faults": {"lost_gpus": [3]}}));
-    let roots = kubelet_plugin::cdi::DriverRoots {
+    let roots = gpu_discovery::DriverPaths {
         driver_root: fake.host_root(),
         driver_root_ctr: fake.host_root(),
         dev_root: fake.host_root(),

@@ -54,7 +54,7 @@ pub struct Validated {
 pub fn validate(settings: &ProbeSettings, mode: InitMode) -> Result<Validated, AttemptError> {
     let found = root::probe(settings)?;
     let nvml_err = |source| AttemptError::Nvml {
-        root: found.driver_root_ctr_path.clone(),
+        root: found.paths.driver_root_ctr.clone(),
         location: found.location,
         source: Box::new(source),
     };
@@ -65,7 +65,7 @@ pub fn validate(settings: &ProbeSettings, mode: InitMode) -> Result<Validated, A
         InitMode::Full => match session.device_count().map_err(nvml_err)? {
             0 => {
                 return Err(AttemptError::NoGpus {
-                    root: found.driver_root_ctr_path.clone(),
+                    root: found.paths.driver_root_ctr.clone(),
                     library: found.nvml_library.clone(),
                 });
             }
@@ -103,9 +103,7 @@ pub async fn run<F: Future<Output = ()>>(
     };
     let validated = retry(policy, shutdown, || validate(&settings, mode)).await?;
     let path = common.output_dir.join(FILE_NAME);
-    validated
-        .root
-        .driver_ready()
+    gpu_discovery::DriverReady::from(&validated.root)
         .write(&path)
         .map_err(|source| DriverError::Write { path, source })?;
     Ok(validated)

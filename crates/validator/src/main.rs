@@ -46,7 +46,7 @@ async fn run(cli: cli::Cli) -> ExitCode {
                 tracing::info!(
                     "driver {} found in {} ({:?} driver, {} GPU(s)); wrote {}",
                     found.driver_version,
-                    found.root.driver_root_ctr_path.display(),
+                    found.root.paths.driver_root_ctr.display(),
                     found.root.location,
                     found
                         .gpus

@@ -78,10 +78,12 @@ fn a_host_driver_gives_the_host_paths() {
         ready,
         DriverReady {
             is_host_driver: true,
-            nvidia_driver_root: "/".into(),
-            driver_root_ctr_path: node.host_root(),
-            nvidia_dev_root: "/".into(),
-            dev_root_ctr_path: node.host_root(),
+            paths: gpu_discovery::DriverPaths {
+                driver_root: "/".into(),
+                driver_root_ctr: node.host_root(),
+                dev_root: "/".into(),
+                dev_root_ctr: node.host_root(),
+            },
         }
     );
 }
@@ -94,10 +96,10 @@ fn a_container_driver_gives_the_install_dir_and_the_dev_root_follows_dev() {
     assert!(out.status.success(), "{stderr}");
     let ready = DriverReady::read(&ready_file(&node)).unwrap();
     assert!(!ready.is_host_driver);
-    assert_eq!(ready.nvidia_driver_root, Path::new("/run/nvidia/driver"));
-    assert_eq!(ready.driver_root_ctr_path, node.driver_root());
+    assert_eq!(ready.paths.driver_root, Path::new("/run/nvidia/driver"));
+    assert_eq!(ready.paths.driver_root_ctr, node.driver_root());
     assert_eq!(
-        (ready.nvidia_dev_root, ready.dev_root_ctr_path),
+        (ready.paths.dev_root, ready.paths.dev_root_ctr),
         ("/".into(), node.host_root())
     );
 
@@ -107,9 +109,9 @@ fn a_container_driver_gives_the_install_dir_and_the_dev_root_follows_dev() {
         .env("DRIVER_INSTALL_DIR", "/opt/nvidia/driver"));
     assert!(out.status.success(), "{stderr}");
     let ready = DriverReady::read(&ready_file(&node)).unwrap();
-    assert_eq!(ready.nvidia_driver_root, Path::new("/opt/nvidia/driver"));
+    assert_eq!(ready.paths.driver_root, Path::new("/opt/nvidia/driver"));
     assert_eq!(
-        (ready.nvidia_dev_root, ready.dev_root_ctr_path),
+        (ready.paths.dev_root, ready.paths.dev_root_ctr),
         ("/opt/nvidia/driver".into(), node.driver_root())
     );
 }

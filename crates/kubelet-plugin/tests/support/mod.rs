@@ -2,10 +2,11 @@
 //! mock A100s read through the real dlopen path, served on temp Unix sockets.
 #![allow(dead_code)]
 
+use gpu_discovery::DriverPaths;
 use gpu_discovery::testing::{FakeNode, mock_config};
 use gpu_discovery::{InitMode, NvmlSession, root};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kubelet_plugin::cdi::{CdiWriter, DriverRoots};
+use kubelet_plugin::cdi::CdiWriter;
 use kubelet_plugin::checkpoint::CheckpointStore;
 use kubelet_plugin::client::connect_unix;
 use kubelet_plugin::devices::DeviceTable;
@@ -109,7 +110,7 @@ impl Served {
             eight_a100s_on(&node),
             CdiWriter::new(
                 &cdi_root,
-                &DriverRoots {
+                &DriverPaths {
                     driver_root: node.host_root(),
                     driver_root_ctr: node.host_root(),
                     dev_root: node.host_root(),
