@@ -93,7 +93,7 @@ spec:
   - name: main
     image: $IMAGE
     imagePullPolicy: Never
-    command: ["sh", "-c", "while true; do nc -l -p 8080; done"]
+    command: ["sh", "-c", "while true; do echo pong-from-real-gpu-0 | nc -l -p 8080; done"]
 ---
 apiVersion: v1
 kind: Pod
@@ -129,12 +129,14 @@ spec:
   - name: main
     image: $IMAGE
     imagePullPolicy: Never
-    command: ["sh", "-c", "echo hello-from-real-gpu-1 | nc -w 3 $server_ip 8080"]
+    # Until the server answers (a Running server may not listen yet); the answer proves the round trip.
+    command: ["sh", "-c", "i=0; while [ \$i -lt 30 ]; do r=\$(echo hello-from-real-gpu-1 | nc -w 3 $server_ip 8080); [ \"\$r\" = pong-from-real-gpu-0 ] && echo got \$r && exit 0; i=\$((i+1)); sleep 1; done; exit 1"]
 EOF
-  if wait_until 60 pod_done client && wait_until 10 sh -c "'$BIN_DIR/kubectl' --kubeconfig '$KUBECONFIG_FILE' -n $NS logs server | grep -q hello-from-real-gpu-1"; then
+  if wait_until 60 pod_done client && [[ "$(phase client)" == Succeeded ]] &&
+    k -n "$NS" logs client | grep -q "got pong-from-real-gpu-0"; then
     pass "a pod on real-gpu-1 reached a pod on real-gpu-0 at $server_ip"
   else
-    fail "pod to pod across nodes: client $(phase client), server log: $(k -n "$NS" logs server 2>&1 | tail -2 | tr '\n' ' ')"
+    fail "pod to pod across nodes: client $(phase client), client log: $(k -n "$NS" logs client 2>&1 | tail -2 | tr '\n' ' '), server log: $(k -n "$NS" logs server 2>&1 | tail -2 | tr '\n' ' ')"
   fi
 else
   fail "pod server not Running on real-gpu-0: $(k -n "$NS" describe pod server | tail -5 | tr '\n' ' ')"
