@@ -405,7 +405,8 @@ check_gpu_pod() {
     fail "$name on $node: expected $count GPU(s) of the node, got: $(tr '\n' ';' <<<"$log")"
   fi
 }
-# resource_pod NAME NODE: a pod pinned to NODE asking nvidia.com/gpu: 1 (no claim), listing its GPUs.
+# resource_pod NAME NODE [SCRIPT]: a pod pinned to NODE asking nvidia.com/gpu: 1 (no claim), running
+# SCRIPT, by default LIST_GPUS.
 resource_pod() {
   k apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -418,7 +419,7 @@ spec:
   containers:
   - name: workload
     image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
-    command: ["sh", "-c", "$LIST_GPUS"]
+    command: ["sh", "-c", "${3:-$LIST_GPUS}"]
     resources:
       limits: {nvidia.com/gpu: 1}
 EOF
@@ -694,7 +695,22 @@ if wait_until 120 running switch; then
     fail "beside a ClusterPolicy: daemonset '$(dp_ds)', pod '$(dp_on real-gpu-1)'; operator log: $(k -n "$GNS" logs deploy/gpu-operator --tail=5 2>&1 | tr '\n' ' ')"
     k delete crd clusterpolicies.nvidia.com --ignore-not-found >/dev/null
   fi
-  k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
+  # Switched back under a pod holding a GPU the device plugin gave: the device plugin stays (and the
+  # DRA plugin waits) until that pod is gone.
+  resource_pod dp-hold real-gpu-1 "$LIST_GPUS; sleep 3600"
+  if wait_until 120 running dp-hold; then
+    k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
+    dp_kept() { [[ -z "$(label_of real-gpu-1 operator-validator)" && "$(label_of real-gpu-1 device-plugin)" == true && -z "$(label_of real-gpu-1 dra-driver)" ]]; }
+    if wait_until 60 dp_kept && sleep 5 && dp_kept && [[ -n "$(dp_on real-gpu-1)" ]]; then
+      pass "switched back to dra under a pod holding a device-plugin GPU: the validator left, the device plugin stayed, no DRA plugin yet (one plane per node)"
+    else
+      fail "switch back under a running pod: operator-validator '$(label_of real-gpu-1 operator-validator)', device-plugin '$(label_of real-gpu-1 device-plugin)', dra-driver '$(label_of real-gpu-1 dra-driver)'"
+    fi
+    k -n default delete pod dp-hold --wait=false >/dev/null
+  else
+    fail "dp-hold on real-gpu-1: $(pod_phase dp-hold)"
+    k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
+  fi
   returned() { [[ "$(plugin_on real-gpu-1)" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
   dp_gone() { [[ -z "$(dp_on real-gpu-1)" && "$(allocatable real-gpu-1)" =~ ^0?$ ]]; }
   if wait_until 120 returned && wait_until 60 dp_gone; then

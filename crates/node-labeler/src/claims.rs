@@ -1,4 +1,5 @@
-//! Whether pods on a node still hold GPU claims, read from the API.
+//! Whether pods on a node still hold GPUs of the plane it is leaving (DRA claims or device-plugin
+//! resources), read from the API.
 
 use api::contract::DRIVER_NAME;
 use k8s_openapi::api::core::v1::Pod;
@@ -38,6 +39,52 @@ pub fn allocated_by_gpu_driver(claim: &ResourceClaim) -> bool {
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
         .is_some_and(|d| d.results.iter().flatten().any(|r| r.driver == DRIVER_NAME))
+}
+
+/// Whether a pod holds GPUs from the device plugin: a container (or init container) asks for an
+/// `nvidia.com/` extended resource and the pod was not given it through a DRA claim (the
+/// scheduler's extended-resource mapping records that claim in the pod's status).
+pub fn holds_device_plugin_gpus(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let through_dra = pod
+        .status
+        .as_ref()
+        .is_some_and(|s| s.extended_resource_claim_status.is_some());
+    let asks = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+        })
+        .any(|k| k.starts_with("nvidia.com/"));
+    asks && !through_dra
+}
+
+/// Looks up whether any live pod on `node` holds GPUs the device plugin gave. A list that fails
+/// counts as held.
+pub async fn device_plugin_gpus_on_node(client: &kube::Client, node: &str) -> GpuClaims {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    match pods.list(&params).await {
+        Ok(list)
+            if list
+                .items
+                .iter()
+                .any(|p| is_live(p) && holds_device_plugin_gpus(p)) =>
+        {
+            GpuClaims::Held
+        }
+        Ok(_) => GpuClaims::None,
+        Err(e) => {
+            tracing::warn!(node, error = %e, "listing the node's pods failed; treating device-plugin GPUs as held");
+            GpuClaims::Held
+        }
+    }
 }
 
 /// Looks up whether any live pod on `node` holds a claim allocated by `gpu.nvidia.com`.
@@ -97,6 +144,32 @@ mod tests {
             done.status.as_mut().unwrap().phase = Some(phase.into());
             assert!(!is_live(&done), "{phase}");
         }
+    }
+
+    #[test]
+    fn device_plugin_gpus_are_nvidia_resources_not_given_through_a_claim() {
+        let pod = |resources: serde_json::Value, status: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [{"name": "c", "resources": resources}]},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let gpu = json!({"limits": {"nvidia.com/gpu": "1"}});
+        assert!(holds_device_plugin_gpus(&pod(gpu.clone(), json!({}))));
+        let mig = json!({"requests": {"nvidia.com/mig-1g.10gb": "1"}});
+        assert!(holds_device_plugin_gpus(&pod(mig, json!({}))));
+        assert!(!holds_device_plugin_gpus(&pod(
+            json!({"limits": {"cpu": "1"}}),
+            json!({})
+        )));
+        let mapped = json!({"extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-x",
+            "requestMappings": [{"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}});
+        assert!(
+            !holds_device_plugin_gpus(&pod(gpu, mapped)),
+            "served by DRA"
+        );
     }
 
     #[test]

@@ -171,6 +171,18 @@ fn event_for(finding: &Finding) -> Event {
             action: "Labeling".into(),
             secondary: None,
         },
+        Finding::DevicePluginRemovalDeferred => Event {
+            type_: EventType::Normal,
+            reason: "DevicePluginRemovalDeferred".into(),
+            note: Some(format!(
+                "keeping {} until no pod on this node holds a GPU the device plugin gave \
+                 (nvidia.com/ resources); the DRA plane follows; re-checking every {}s",
+                l::DEPLOY_DEVICE_PLUGIN,
+                DEFERRED_RECHECK.as_secs()
+            )),
+            action: "Labeling".into(),
+            secondary: None,
+        },
     }
 }
 
@@ -180,8 +192,13 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     let cluster = ctx.cluster();
     let (labels, annotations) = (node.labels(), node.annotations());
     let mut plan = plan::plan(labels, annotations, &cluster, GpuClaims::Unknown);
-    if plan.needs_claim_lookup {
-        let held = claims::on_node(&ctx.client, &name).await;
+    if let Some(plane) = plan.needs_claim_lookup {
+        let held = match plane {
+            AllocationMode::Dra => claims::on_node(&ctx.client, &name).await,
+            AllocationMode::DevicePlugin => {
+                claims::device_plugin_gpus_on_node(&ctx.client, &name).await
+            }
+        };
         plan = plan::plan(labels, annotations, &cluster, held);
     }
     for finding in &plan.findings {

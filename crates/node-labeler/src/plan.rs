@@ -46,14 +46,16 @@ impl Cluster {
     }
 }
 
-/// Whether pods on the node still hold claims allocated by the `gpu.nvidia.com` driver.
+/// Whether pods on the node still hold GPUs of the plane the node is leaving: claims allocated by
+/// the `gpu.nvidia.com` driver (leaving `dra`), or resources the device plugin gave (leaving
+/// `device-plugin`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuClaims {
     /// Not looked up yet; the plan says when a lookup is needed.
     Unknown,
-    /// No pod on the node holds such a claim.
+    /// No pod on the node holds one.
     None,
-    /// Some pod (running, pending or terminating) holds one, or a claim could not be read.
+    /// Some pod (running, pending or terminating) holds one, or what it holds could not be read.
     Held,
 }
 
@@ -64,6 +66,8 @@ pub enum Finding {
     InvalidMode(String),
     /// `gpu.deploy.dra-driver` stays until the node's GPU claims are released.
     DraDriverRemovalDeferred,
+    /// `gpu.deploy.device-plugin` stays until no pod on the node holds a GPU it gave.
+    DevicePluginRemovalDeferred,
 }
 
 /// The changes one node needs. Empty means no write.
@@ -75,9 +79,10 @@ pub struct Plan {
     pub annotations: BTreeMap<String, Option<String>>,
     /// Events to report.
     pub findings: Vec<Finding>,
-    /// The plan wants to remove `gpu.deploy.dra-driver` but claims were not looked up: look them
-    /// up and plan again.
-    pub needs_claim_lookup: bool,
+    /// The plan wants to remove a plane's plugin label (`gpu.deploy.dra-driver` or
+    /// `gpu.deploy.device-plugin`) but what pods hold of that plane was not looked up: look it up
+    /// and plan again.
+    pub needs_claim_lookup: Option<AllocationMode>,
 }
 
 impl Plan {
@@ -88,7 +93,12 @@ impl Plan {
 
     /// Whether the node must be looked at again later even without a change event.
     pub fn is_deferred(&self) -> bool {
-        self.findings.contains(&Finding::DraDriverRemovalDeferred)
+        self.findings.iter().any(|f| {
+            matches!(
+                f,
+                Finding::DraDriverRemovalDeferred | Finding::DevicePluginRemovalDeferred
+            )
+        })
     }
 }
 
@@ -193,32 +203,51 @@ pub fn plan(
         }
     }
 
-    let mut needs_claim_lookup = false;
-    // An empty value selects no plugin pod, so only a real value needs the claim check.
-    let removes_dra_driver = matches!(desired.get(l::DEPLOY_DRA_DRIVER), Some(None))
-        && value(labels, l::DEPLOY_DRA_DRIVER).is_some();
-    if removes_dra_driver {
-        match claims {
-            GpuClaims::None => {}
+    // A plane's plugin leaves only once no pod holds GPUs it gave (claims, or device-plugin
+    // resources); meanwhile the other plane's keys wait, so no GPU is offered by both planes.
+    // `claims` speaks of one plane: the first whose plugin label goes (a node carrying both,
+    // which the labeler never makes, has only its DRA plugin guarded).
+    let mut needs_claim_lookup = None;
+    let leaving = [
+        (
+            AllocationMode::Dra,
+            l::DEPLOY_DRA_DRIVER,
+            Finding::DraDriverRemovalDeferred,
+        ),
+        (
+            AllocationMode::DevicePlugin,
+            l::DEPLOY_DEVICE_PLUGIN,
+            Finding::DevicePluginRemovalDeferred,
+        ),
+    ]
+    .into_iter()
+    // An empty value selects no plugin pod, so only a real value needs the check.
+    .find(|(_, key, _)| matches!(desired.get(key), Some(None)) && value(labels, key).is_some());
+    if let Some((plane, plugin_key, deferred)) = leaving {
+        let kept = match claims {
+            GpuClaims::None => false,
             GpuClaims::Unknown => {
-                needs_claim_lookup = true;
-                desired.remove(l::DEPLOY_DRA_DRIVER);
+                needs_claim_lookup = Some(plane);
+                true
             }
             GpuClaims::Held => {
-                findings.push(Finding::DraDriverRemovalDeferred);
-                desired.remove(l::DEPLOY_DRA_DRIVER);
+                findings.push(deferred);
+                true
             }
+        };
+        if kept {
+            desired.remove(plugin_key);
+            let other_plane = |key: &str| match plane {
+                AllocationMode::Dra => {
+                    l::DEVICE_PLUGIN_PLANE_KEYS.contains(&key) || key == l::DEPLOY_MIG_MANAGER
+                }
+                AllocationMode::DevicePlugin => l::DRA_PLANE_KEYS.contains(&key),
+            };
+            // The shared driver key is never added or removed by a switch.
+            desired.retain(|key, want| {
+                want.is_none() || *key == l::DEPLOY_DRIVER || !other_plane(key)
+            });
         }
-    }
-
-    // One plane per node: while the DRA plugin stays for claims still held, the device-plugin
-    // plane's operands wait, so no GPU is offered by both planes at once.
-    let dra_driver_kept =
-        needs_claim_lookup || findings.contains(&Finding::DraDriverRemovalDeferred);
-    if dra_driver_kept && mode == Some(AllocationMode::DevicePlugin) {
-        let device_plugin_plane =
-            |key: &str| l::DEVICE_PLUGIN_PLANE_KEYS.contains(&key) || key == l::DEPLOY_MIG_MANAGER;
-        desired.retain(|key, want| want.is_none() || !device_plugin_plane(key));
     }
 
     let mut annotations_plan = BTreeMap::new();
@@ -372,7 +401,7 @@ mod tests {
             assert_eq!(sets(&p, key), Some("true"), "{key}");
         }
         assert_eq!(p.labels.len(), 2 + l::DRA_PLANE_KEYS.len(), "{p:#?}");
-        assert!(!p.needs_claim_lookup);
+        assert!(p.needs_claim_lookup.is_none());
     }
 
     #[test]
@@ -522,7 +551,8 @@ mod tests {
             ("nvidia.com/gpu.deploy.mig-manager", "true"),
             ("nvidia.com/gpu.deploy.operator-validator", "false"),
         ];
-        let after = labels_after(&node, &GC, GpuClaims::Unknown);
+        // Once no pod holds a GPU the device plugin gave.
+        let after = labels_after(&node, &GC, GpuClaims::None);
         for key in l::DEVICE_PLUGIN_ONLY_KEYS {
             assert!(!after.contains_key(key), "{key} left on a DRA node");
         }
@@ -585,7 +615,7 @@ mod tests {
         let both = cluster(true, true);
 
         let unknown = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::Unknown);
-        assert!(unknown.needs_claim_lookup);
+        assert_eq!(unknown.needs_claim_lookup, Some(AllocationMode::Dra));
         assert!(!unknown.labels.contains_key(DRA));
 
         let held = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::Held);
@@ -614,7 +644,47 @@ mod tests {
             Some("true"),
             "the device plugin once DRA is gone"
         );
-        assert!(!free.is_deferred() && !free.needs_claim_lookup);
+        assert!(!free.is_deferred() && free.needs_claim_lookup.is_none());
+    }
+
+    #[test]
+    fn switching_back_to_dra_keeps_the_device_plugin_until_its_gpus_are_free() {
+        let node = [
+            (NFD, "true"),
+            (MODE, "dra"),
+            (DP, "true"),
+            ("nvidia.com/gpu.deploy.operator-validator", "true"),
+            (l::DEPLOY_DRIVER, "true"),
+        ];
+        let both = cluster(true, true);
+        let unknown = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::Unknown);
+        assert_eq!(
+            unknown.needs_claim_lookup,
+            Some(AllocationMode::DevicePlugin)
+        );
+        let held = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::Held);
+        for p in [&unknown, &held] {
+            assert!(!p.labels.contains_key(DP), "the device plugin stays");
+            assert_eq!(
+                sets(p, DRA),
+                None,
+                "no DRA plugin beside it: one plane per node"
+            );
+            assert_eq!(
+                p.labels.get("nvidia.com/gpu.deploy.operator-validator"),
+                Some(&None),
+                "its consumers go first"
+            );
+        }
+        assert!(
+            held.findings
+                .contains(&Finding::DevicePluginRemovalDeferred)
+        );
+        assert!(held.is_deferred());
+        let free = plan(&map(&node), &BTreeMap::new(), &both, GpuClaims::None);
+        assert_eq!(free.labels.get(DP), Some(&None));
+        assert_eq!(sets(&free, DRA), Some("true"));
+        assert!(!free.is_deferred());
     }
 
     #[test]
