@@ -246,6 +246,45 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
     .await
     .with_context(|| operator.log_tail())?;
 
+    // A plane policy: a rule whose selector is malformed is refused naming the rule; a rule that
+    // takes this test's nodes to DRA moves the one the labeler put on the device-plugin plane,
+    // and a mode label set by hand wins over the rule.
+    let bad = json!({"planePolicy": {"rules": [{"name": "bad-rule", "mode": "dra",
+        "nodeSelector": {"matchExpressions": [{"key": "e2e", "operator": "In"}]}}]}});
+    let refused = set_spec(&gcs, bad).await.expect_err("In without values");
+    assert!(
+        refused.to_string().contains("planePolicy rule bad-rule"),
+        "{refused}"
+    );
+    let rule = json!({"planePolicy": {"rules": [{"name": "planes-on-dra", "mode": "dra",
+        "nodeSelector": {"matchLabels": {"e2e": "planes"}}}]}});
+    let pin = json!({"metadata": {"labels": {l::ALLOCATION_MODE: "device-plugin"}}});
+    nodes
+        .patch("planes-a", &PatchParams::default(), &Patch::Merge(&pin))
+        .await?;
+    set_spec(&gcs, rule).await?;
+    let b = wait_for_mode(&nodes, "planes-b", "dra")
+        .await
+        .with_context(|| labeler.log_tail())?;
+    assert_eq!(
+        b.annotations()
+            .get(api::contract::labels::CHOSEN_MODE)
+            .map(String::as_str),
+        Some("dra"),
+        "the labeler records what it chose"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let a = nodes.get("planes-a").await?;
+    assert_eq!(
+        planes(&a).0.as_deref(),
+        Some("device-plugin"),
+        "a hand-set mode wins"
+    );
+    assert!(
+        !a.annotations()
+            .contains_key(api::contract::labels::CHOSEN_MODE)
+    );
+
     // Clean up while the operator runs (its finalizer holds the GPUCluster until it drains).
     gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
     eventually(Duration::from_secs(60), "the GPUCluster gone", || async {

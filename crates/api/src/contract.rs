@@ -112,6 +112,16 @@ pub mod labels {
     /// Suffix the driver manager appends to other values while it pauses an operand.
     pub const PAUSED_SUFFIX: &str = "_paused-for-driver-upgrade";
 
+    /// `false` on a node leaves it to neither plane: no mode is chosen for it and our deploy keys go
+    /// (the product's opt-out, beside the upstream kill switch [`DEPLOY_OPERANDS`]).
+    pub const ENABLED: &str = "gpu-operator-rs.dev/enabled";
+    /// Role label of control-plane nodes; only a plane-policy rule that names it gives them a mode.
+    pub const CONTROL_PLANE_ROLE: &str = "node-role.kubernetes.io/control-plane";
+    /// Node annotation: the mode the labeler last chose for the node (by plane-policy rule or
+    /// default). While the mode label equals it the policy may change the mode; a mode label set
+    /// to anything else is an admin's and wins.
+    pub const CHOSEN_MODE: &str = "gpu-operator-rs.dev/chosen-allocation-mode";
+
     /// Node annotation: `true` when the active CR's driver upgrade policy is on.
     pub const DRIVER_UPGRADE_ENABLED: &str = "nvidia.com/gpu-driver-upgrade-enabled";
 

@@ -64,6 +64,118 @@ pub struct GPUClusterSpec {
     #[serde(default)]
     #[schemars(extend("default" = {}))]
     pub daemonsets: DaemonsetsSpec,
+    /// Which plane serves which GPU nodes (docs/planes.md).
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub plane_policy: PlanePolicy,
+}
+
+/// Which plane serves which GPU nodes. A node's mode label set by hand wins; otherwise the first
+/// rule whose selector matches the node decides; a new GPU node no rule matches gets
+/// `DEFAULT_GPU_ALLOCATION_MODE`, and one that has a mode keeps it. Control-plane nodes
+/// (`node-role.kubernetes.io/control-plane`) get a mode only from a rule that names that label.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanePolicy {
+    /// Ordered rules; names are unique.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub rules: Vec<PlaneRule>,
+}
+
+/// One rule of the plane policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.nodeSelector.matchExpressions) || self.nodeSelector.matchExpressions.all(e, (e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))",
+     "messageExpression": "'planePolicy rule ' + self.name + ': In and NotIn need values, Exists and DoesNotExist take none'"},
+]))]
+pub struct PlaneRule {
+    /// The rule's name, reported where it decides a node.
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"), length(max = 63))]
+    pub name: String,
+    /// The nodes it applies to (empty: every node but control-plane ones).
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub node_selector: NodeLabelSelector,
+    /// The plane that serves them.
+    pub mode: crate::AllocationMode,
+}
+
+/// A label selector over nodes, as Kubernetes writes one, with bounds the API server can check.
+/// Both parts must hold; an empty selector matches every node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLabelSelector {
+    /// Labels a node must carry with these values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub match_labels: BTreeMap<String, String>,
+    /// Requirements a node's labels must meet, all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub match_expressions: Vec<LabelRequirement>,
+}
+
+/// One requirement of a node label selector.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelRequirement {
+    /// The label key.
+    #[schemars(length(min = 1, max = 317))]
+    pub key: String,
+    /// How the key relates to the values.
+    pub operator: LabelOperator,
+    /// The values, for `In` and `NotIn`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 63)))]
+    pub values: Vec<String>,
+}
+
+/// The operator of a label requirement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum LabelOperator {
+    /// The label has one of the values.
+    In,
+    /// The label is absent or has none of the values.
+    NotIn,
+    /// The label is present.
+    Exists,
+    /// The label is absent.
+    DoesNotExist,
+}
+
+impl NodeLabelSelector {
+    /// The selector as Kubernetes types it.
+    pub fn to_label_selector(
+        &self,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+            LabelSelector, LabelSelectorRequirement,
+        };
+        LabelSelector {
+            match_labels: (!self.match_labels.is_empty()).then(|| self.match_labels.clone()),
+            match_expressions: (!self.match_expressions.is_empty()).then(|| {
+                self.match_expressions
+                    .iter()
+                    .map(|r| LabelSelectorRequirement {
+                        key: r.key.clone(),
+                        operator: format!("{:?}", r.operator),
+                        values: (!r.values.is_empty()).then(|| r.values.clone()),
+                    })
+                    .collect()
+            }),
+        }
+    }
+
+    /// Every label key it looks at.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.match_labels
+            .keys()
+            .chain(self.match_expressions.iter().map(|r| &r.key))
+            .map(String::as_str)
+    }
 }
 
 /// Implements `Default` as "what `{}` deserializes to", so the Rust default of a section always

@@ -5,7 +5,18 @@ use std::str::FromStr;
 
 /// The value of the node label `nvidia.com/gpu-operator.resource-allocation.mode`, and of the
 /// operator env `DEFAULT_GPU_ALLOCATION_MODE`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum AllocationMode {
     /// GPUs are published as ResourceSlices by the DRA kubelet plugin and allocated through claims.
     Dra,
@@ -57,6 +68,13 @@ impl FromStr for AllocationMode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serializes_as_the_label_values() {
+        for mode in AllocationMode::ALL {
+            assert_eq!(serde_json::to_value(mode).unwrap(), mode.as_str());
+        }
+    }
 
     #[test]
     fn parses_the_two_label_values() {

@@ -22,7 +22,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use crate::claims;
-use crate::plan::{self, Cluster, Finding, GpuClaims, Plan};
+use crate::plan::{self, Cluster, Finding, GpuClaims, Plan, Rule};
 
 /// Field manager of every write the labeler makes.
 pub const FIELD_MANAGER: &str = "gpu-operator-node-labeler";
@@ -117,9 +117,20 @@ impl Context {
         Cluster {
             gpu_cluster: gpu_cluster.is_some(),
             cluster_policy: self.cluster_policy.borrow().unwrap_or(false),
-            gpu_cluster_device_plugin: gpu_cluster.is_some_and(|gc| gc.spec.device_plugin.enabled),
+            gpu_cluster_device_plugin: gpu_cluster
+                .as_ref()
+                .is_some_and(|gc| gc.spec.device_plugin.enabled),
             default_mode: self.settings.default_mode,
             driver_auto_upgrade: self.settings.driver_auto_upgrade,
+            rules: gpu_cluster
+                .iter()
+                .flat_map(|gc| &gc.spec.plane_policy.rules)
+                .filter_map(|rule| {
+                    Rule::new(rule)
+                        .inspect_err(|e| tracing::warn!(error = %e, "plane-policy rule skipped"))
+                        .ok()
+                })
+                .collect(),
         }
     }
 }
@@ -167,6 +178,17 @@ fn event_for(finding: &Finding) -> Event {
                  re-checking every {}s",
                 l::DEPLOY_DRA_DRIVER,
                 DEFERRED_RECHECK.as_secs()
+            )),
+            action: "Labeling".into(),
+            secondary: None,
+        },
+        Finding::ModeChosenByRule { rule, mode } => Event {
+            type_: EventType::Normal,
+            reason: "AllocationModeChosen".into(),
+            note: Some(format!(
+                "planePolicy rule {rule:?} of the GPUCluster puts this node in {mode} mode; set {} \
+                 by hand to pin another mode",
+                l::ALLOCATION_MODE
             )),
             action: "Labeling".into(),
             secondary: None,

@@ -5,9 +5,49 @@ use std::collections::BTreeMap;
 
 use api::AllocationMode;
 use api::contract::labels as l;
+use api::gpucluster::PlaneRule;
+use kube::core::{Selector, SelectorExt};
+
+/// A plane-policy rule, ready to match nodes.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    /// Its name in the GPUCluster.
+    pub name: String,
+    selector: Selector,
+    names_control_plane: bool,
+    /// The mode it gives.
+    pub mode: AllocationMode,
+}
+
+impl Rule {
+    /// The rule of a GPUCluster's `spec.planePolicy.rules`; an error names it when its selector
+    /// cannot be used (the CRD refuses such selectors, so this means an older CRD).
+    pub fn new(rule: &PlaneRule) -> Result<Self, String> {
+        let selector = Selector::try_from(rule.node_selector.to_label_selector())
+            .map_err(|e| format!("planePolicy rule {}: {e}", rule.name))?;
+        let names_control_plane = rule
+            .node_selector
+            .keys()
+            .any(|k| k == l::CONTROL_PLANE_ROLE);
+        Ok(Self {
+            name: rule.name.clone(),
+            selector,
+            names_control_plane,
+            mode: rule.mode,
+        })
+    }
+
+    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        (self.names_control_plane || !is_control_plane(labels)) && self.selector.matches(labels)
+    }
+}
+
+fn is_control_plane(labels: &BTreeMap<String, String>) -> bool {
+    labels.contains_key(l::CONTROL_PLANE_ROLE)
+}
 
 /// Cluster-wide facts the decision depends on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Cluster {
     /// A `GPUCluster` (the DRA plane's CR) exists.
     pub gpu_cluster: bool,
@@ -19,6 +59,8 @@ pub struct Cluster {
     pub default_mode: AllocationMode,
     /// The active driver upgrade policy lets the driver manager upgrade drivers automatically.
     pub driver_auto_upgrade: bool,
+    /// The GPUCluster's plane-policy rules, in order.
+    pub rules: Vec<Rule>,
 }
 
 impl Cluster {
@@ -68,6 +110,13 @@ pub enum Finding {
     DraDriverRemovalDeferred,
     /// `gpu.deploy.device-plugin` stays until no pod on the node holds a GPU it gave.
     DevicePluginRemovalDeferred,
+    /// A plane-policy rule set the node's mode.
+    ModeChosenByRule {
+        /// The rule.
+        rule: String,
+        /// The mode it set.
+        mode: AllocationMode,
+    },
 }
 
 /// The changes one node needs. Empty means no write.
@@ -167,27 +216,65 @@ pub fn plan(
     }
 
     let new_node_mode = cluster.mode_for_new_nodes();
-    let mode = match value(labels, l::ALLOCATION_MODE) {
-        Some(v) => match v.parse::<AllocationMode>() {
-            Ok(mode) => Some(mode),
-            Err(_) => {
-                findings.push(Finding::InvalidMode(v.to_owned()));
-                None
+    let active_cr = new_node_mode.is_some();
+    let opted_out = value(labels, l::ENABLED) == Some("false");
+    let label = value(labels, l::ALLOCATION_MODE);
+    let chosen_before = annotations.get(l::CHOSEN_MODE).map(String::as_str);
+    // The labeler's own choice may change; a label it did not choose is an admin's and wins.
+    let chosen_by_us = label.is_some() && label == chosen_before;
+    let mut chosen_after = chosen_before.map(str::to_owned);
+    let mut excluded = false;
+    let mode = match label {
+        Some(v) if !chosen_by_us => {
+            chosen_after = None;
+            match v.parse::<AllocationMode>() {
+                Ok(mode) => Some(mode),
+                Err(_) => {
+                    findings.push(Finding::InvalidMode(v.to_owned()));
+                    None
+                }
             }
-        },
-        None if gpu => {
-            if let Some(mode) = new_node_mode {
-                desired.insert(l::ALLOCATION_MODE, Some(mode.to_string()));
-            }
-            new_node_mode
         }
-        None => None,
+        _ if !gpu || opted_out => label.and_then(|v| v.parse().ok()),
+        _ => {
+            let rule = cluster.rules.iter().find(|r| r.matches(labels));
+            let want = match (rule, label) {
+                (Some(rule), _) => Some(rule.mode),
+                // Served by neither plane unless a rule names them.
+                (None, _) if is_control_plane(labels) => None,
+                // The default is for new nodes; a node with a mode keeps it.
+                (None, Some(v)) => v.parse().ok(),
+                (None, None) => new_node_mode,
+            };
+            match want {
+                Some(mode) => {
+                    if label != Some(mode.as_str()) {
+                        desired.insert(l::ALLOCATION_MODE, Some(mode.to_string()));
+                        if let Some(rule) = rule {
+                            findings.push(Finding::ModeChosenByRule {
+                                rule: rule.name.clone(),
+                                mode,
+                            });
+                        }
+                    }
+                    chosen_after = Some(mode.to_string());
+                }
+                None => {
+                    excluded = active_cr;
+                    if label.is_some() {
+                        desired.insert(l::ALLOCATION_MODE, None);
+                    }
+                    chosen_after = None;
+                }
+            }
+            want
+        }
     };
 
     let kill_switch = value(labels, l::DEPLOY_OPERANDS) == Some("false");
-    let active_cr = new_node_mode.is_some();
-    if !gpu || kill_switch {
-        // Not (or no longer) a GPU node, or operands switched off: nothing of ours stays.
+    if !gpu || kill_switch || (active_cr && (opted_out || excluded)) {
+        // Not (or no longer) a GPU node, operands switched off, opted out, or a control-plane
+        // node no rule names: nothing of ours stays.
         for key in owned_keys() {
             desired.insert(key, None);
         }
@@ -251,6 +338,9 @@ pub fn plan(
     }
 
     let mut annotations_plan = BTreeMap::new();
+    if chosen_after.as_deref() != chosen_before {
+        annotations_plan.insert(l::CHOSEN_MODE.to_owned(), chosen_after);
+    }
     if gpu && active_cr {
         let want = cluster.driver_auto_upgrade.then(|| "true".to_owned());
         if annotations.get(l::DRIVER_UPGRADE_ENABLED) != want.as_ref() {
@@ -293,6 +383,7 @@ mod tests {
             gpu_cluster_device_plugin: false,
             default_mode: AllocationMode::DevicePlugin,
             driver_auto_upgrade: false,
+            rules: Vec::new(),
         }
     }
 
@@ -302,6 +393,7 @@ mod tests {
         gpu_cluster_device_plugin: false,
         default_mode: AllocationMode::DevicePlugin,
         driver_auto_upgrade: false,
+        rules: Vec::new(),
     };
 
     fn labels_after(
@@ -687,6 +779,141 @@ mod tests {
         assert!(!free.is_deferred());
     }
 
+    fn with_rules(rules: serde_json::Value) -> Cluster {
+        let rules: Vec<PlaneRule> = serde_json::from_value(rules).unwrap();
+        Cluster {
+            rules: rules.iter().map(|r| Rule::new(r).unwrap()).collect(),
+            ..both_planes(AllocationMode::Dra)
+        }
+    }
+
+    fn policy() -> Cluster {
+        with_rules(serde_json::json!([
+            {"name": "a100-on-dra", "mode": "dra",
+             "nodeSelector": {"matchExpressions": [{"key": l::GPU_PRODUCT, "operator": "In",
+                                                    "values": ["NVIDIA-A100-SXM4-40GB"]}]}},
+            {"name": "rest-on-device-plugin", "mode": "device-plugin", "nodeSelector": {}},
+        ]))
+    }
+
+    const CHOSEN: &str = l::CHOSEN_MODE;
+
+    fn annotated(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        map(pairs)
+    }
+
+    #[test]
+    fn the_first_matching_rule_chooses_a_new_nodes_mode_and_says_so() {
+        let a100 = map(&[(NFD, "true"), (l::GPU_PRODUCT, "NVIDIA-A100-SXM4-40GB")]);
+        let p = plan(&a100, &BTreeMap::new(), &policy(), GpuClaims::None);
+        assert_eq!(sets(&p, MODE), Some("dra"));
+        assert_eq!(p.annotations.get(CHOSEN), Some(&Some("dra".to_owned())));
+        assert!(p.findings.contains(&Finding::ModeChosenByRule {
+            rule: "a100-on-dra".into(),
+            mode: AllocationMode::Dra
+        }));
+        let t4 = map(&[(NFD, "true"), (l::GPU_PRODUCT, "Tesla-T4")]);
+        let p = plan(&t4, &BTreeMap::new(), &policy(), GpuClaims::None);
+        assert_eq!(sets(&p, MODE), Some("device-plugin"));
+        assert_eq!(sets(&p, DP), Some("true"));
+    }
+
+    #[test]
+    fn a_changed_rule_moves_the_nodes_the_labeler_chose_for_but_not_hand_set_ones() {
+        let moved = with_rules(serde_json::json!([
+            {"name": "all-on-device-plugin", "mode": "device-plugin", "nodeSelector": {}}]));
+        let node = map(&[
+            (NFD, "true"),
+            (MODE, "dra"),
+            (DRA, "true"),
+            (l::DEPLOY_DRIVER, "true"),
+        ]);
+        let ours = annotated(&[(CHOSEN, "dra")]);
+        let p = plan(&node, &ours, &moved, GpuClaims::None);
+        assert_eq!(sets(&p, MODE), Some("device-plugin"));
+        assert_eq!(
+            p.annotations.get(CHOSEN),
+            Some(&Some("device-plugin".to_owned()))
+        );
+        assert_eq!(p.labels.get(DRA), Some(&None));
+        // Claims still held: the switch waits for them, as any switch does.
+        let held = plan(&node, &ours, &moved, GpuClaims::Held);
+        assert!(held.is_deferred() && !held.labels.contains_key(DRA));
+
+        // The label differs from what the labeler chose: an admin's, kept; the annotation goes.
+        let hand_set = annotated(&[(CHOSEN, "device-plugin")]);
+        let p = plan(&node, &hand_set, &moved, GpuClaims::None);
+        assert!(!p.labels.contains_key(MODE));
+        assert_eq!(p.annotations.get(CHOSEN), Some(&None));
+        // A label without the annotation (set by hand, or by a labeler before the policy) too.
+        let p = plan(&node, &BTreeMap::new(), &moved, GpuClaims::None);
+        assert!(!p.labels.contains_key(MODE) && !p.annotations.contains_key(CHOSEN));
+    }
+
+    #[test]
+    fn the_default_is_for_new_nodes_only() {
+        let node = map(&[(NFD, "true"), (MODE, "device-plugin"), (DP, "true")]);
+        let ours = annotated(&[(CHOSEN, "device-plugin")]);
+        // No rule matches and the default is dra: the node keeps the mode it has.
+        let p = plan(
+            &node,
+            &ours,
+            &with_rules(serde_json::json!([])),
+            GpuClaims::None,
+        );
+        assert!(!p.labels.contains_key(MODE) && !p.annotations.contains_key(CHOSEN));
+    }
+
+    #[test]
+    fn control_plane_nodes_get_a_mode_only_from_a_rule_that_names_them() {
+        let cp = map(&[(NFD, "true"), (l::CONTROL_PLANE_ROLE, "")]);
+        let p = plan(&cp, &BTreeMap::new(), &policy(), GpuClaims::None);
+        assert!(
+            !p.labels.contains_key(MODE),
+            "the empty selector does not take it"
+        );
+        assert!(
+            !p.labels
+                .iter()
+                .any(|(k, v)| k.starts_with(l::DEPLOY_PREFIX) && v.is_some()),
+            "no plane's keys: {:?}",
+            p.labels
+        );
+        let named = with_rules(serde_json::json!([
+            {"name": "gpu-control-plane", "mode": "dra",
+             "nodeSelector": {"matchExpressions": [{"key": l::CONTROL_PLANE_ROLE, "operator": "Exists"}]}}]));
+        let p = plan(&cp, &BTreeMap::new(), &named, GpuClaims::None);
+        assert_eq!(sets(&p, MODE), Some("dra"));
+        assert_eq!(sets(&p, DRA), Some("true"));
+        // Chosen before, no rule names it now: its mode and our keys go.
+        let served = map(&[
+            (NFD, "true"),
+            (l::CONTROL_PLANE_ROLE, ""),
+            (MODE, "dra"),
+            (DRA, "true"),
+        ]);
+        let p = plan(
+            &served,
+            &annotated(&[(CHOSEN, "dra")]),
+            &policy(),
+            GpuClaims::None,
+        );
+        assert_eq!(p.labels.get(MODE), Some(&None));
+        assert_eq!(p.labels.get(DRA), Some(&None));
+        assert_eq!(p.annotations.get(CHOSEN), Some(&None));
+    }
+
+    #[test]
+    fn an_opted_out_node_gets_no_mode_and_loses_our_keys() {
+        let node = map(&[(NFD, "true"), (l::ENABLED, "false"), (DP, "true")]);
+        let p = plan(&node, &BTreeMap::new(), &policy(), GpuClaims::None);
+        assert!(!p.labels.contains_key(MODE));
+        assert_eq!(p.labels.get(DP), Some(&None));
+        // Claims of the plane it leaves are waited for, as for any removal.
+        let held = plan(&node, &BTreeMap::new(), &policy(), GpuClaims::Held);
+        assert!(!held.labels.contains_key(DP));
+    }
+
     #[test]
     fn device_plugin_plane_adds_mig_manager_on_mig_capable_non_vgpu_nodes() {
         let cp = cluster(false, true);
@@ -736,9 +963,9 @@ mod tests {
         );
         let annotated = map(&[(l::DRIVER_UPGRADE_ENABLED, "true")]);
         assert!(
-            plan(&node, &annotated, &on, GpuClaims::Unknown)
+            !plan(&node, &annotated, &on, GpuClaims::Unknown)
                 .annotations
-                .is_empty()
+                .contains_key(l::DRIVER_UPGRADE_ENABLED)
         );
         let off = plan(&node, &annotated, &GC, GpuClaims::Unknown);
         assert_eq!(off.annotations.get(l::DRIVER_UPGRADE_ENABLED), Some(&None));
