@@ -163,9 +163,6 @@ async fn registers_again_when_the_kubelet_restarts() {
         .into_inner();
     assert_eq!(next_list(&mut old_stream).await.len(), 2);
     let socket = plugin.plugins_dir().join(&first.endpoint);
-    let inode =
-        |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
-    let first_inode = inode(&socket);
 
     // A restarting kubelet removes every socket in the directory, then serves kubelet.sock anew.
     let _ = kubelet.send(());
@@ -175,7 +172,9 @@ async fn registers_again_when_the_kubelet_restarts() {
     let _kubelet = serve_kubelet(&plugin.plugins_dir(), tx);
     let again = plugin.next_registration(&mut registrations).await;
     assert_eq!(again.endpoint, first.endpoint);
-    assert_ne!(inode(&socket), first_inode, "a new socket was bound");
+    // The file was removed above, so its presence means a new socket was bound (inode numbers
+    // cannot tell: the filesystem may hand the freed one straight back).
+    assert!(socket.exists(), "a new socket was bound at {}", socket.display());
     // The server of the removed socket stopped: its watch ended.
     let ended = tokio::time::timeout(Duration::from_secs(10), old_stream.message()).await;
     assert!(
