@@ -174,7 +174,11 @@ async fn registers_again_when_the_kubelet_restarts() {
     assert_eq!(again.endpoint, first.endpoint);
     // The file was removed above, so its presence means a new socket was bound (inode numbers
     // cannot tell: the filesystem may hand the freed one straight back).
-    assert!(socket.exists(), "a new socket was bound at {}", socket.display());
+    assert!(
+        socket.exists(),
+        "a new socket was bound at {}",
+        socket.display()
+    );
     // The server of the removed socket stopped: its watch ended.
     let ended = tokio::time::timeout(Duration::from_secs(10), old_stream.message()).await;
     assert!(
