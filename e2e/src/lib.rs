@@ -183,6 +183,70 @@ where
     }
 }
 
+/// A KWOK GPU node (NFD's NVIDIA label) labelled `e2e=<group>`, offering `gpus` device-plugin GPUs.
+pub fn kwok_gpu_node(name: &str, group: &str, gpus: u32) -> k8s_openapi::api::core::v1::Node {
+    let mut resources = serde_json::json!({"cpu": "8", "memory": "32Gi", "pods": "110"});
+    if gpus > 0 {
+        resources["nvidia.com/gpu"] = serde_json::json!(gpus.to_string());
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name,
+                     "labels": {"kubernetes.io/hostname": name, "type": "kwok", "e2e": group,
+                                "feature.node.kubernetes.io/pci-10de.present": "true"},
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "status": {"allocatable": resources, "capacity": resources}
+    }))
+    .expect("a valid node")
+}
+
+/// Makes namespace `name` exist (waiting for one of an earlier run to finish terminating).
+pub async fn fresh_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    eventually(
+        Duration::from_secs(60),
+        "no terminating namespace",
+        || async {
+            let ns = namespaces.get_opt(name).await?;
+            let phase = ns.and_then(|n| n.status).and_then(|s| s.phase);
+            Ok((phase.as_deref() != Some("Terminating")).then_some(()))
+        },
+    )
+    .await?;
+    namespaces
+        .patch(
+            name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(
+                serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+            ),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Deletes nodes `names` left by an earlier run and waits until they are gone.
+pub async fn delete_nodes(client: &kube::Client, names: &[&str]) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in names {
+        let _ = nodes.delete(name, &Default::default()).await;
+    }
+    eventually(
+        Duration::from_secs(30),
+        "nodes of an earlier run gone",
+        || async {
+            for name in names {
+                if nodes.get_opt(name).await?.is_some() {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await
+}
+
 /// Installs (server-side applies) the GPUCluster CRD from crates/api and waits until it is served.
 pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
     apply_crd(client, &api::gpucluster::crd()).await

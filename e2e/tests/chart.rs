@@ -426,9 +426,9 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         )?;
     }
 
-    // 5b. The labeler's claim check under its token: a node switched away from DRA loses its
-    // DRA deploy labels except the plugin's, which waits for the validator's claim (pods listed,
-    // claims read, an Event written). Then the node goes back to DRA.
+    // 5b. The labeler's hand-over under its token: a node switched away from DRA is cordoned and
+    // loses its DRA deploy labels except the plugin's, which waits for the pods holding claims
+    // (pods listed, claims read, evictions, an Event written). Then the node goes back to DRA.
     let switched = gpu_nodes.last().context("no GPU node")?.clone();
     let nodes_api: Api<Node> = Api::all(admin.clone());
     let set_mode = |mode: &'static str| {
@@ -472,9 +472,11 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
                 .items
                 .iter()
                 .any(|e| {
-                    e.reason.as_deref() == Some("DraDriverRemovalDeferred")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some(switched.as_str())
+                    matches!(
+                        e.reason.as_deref(),
+                        Some("HandoverStarted" | "HandoverDraining")
+                    ) && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(switched.as_str())
                 });
             let removed = !has_label(api::contract::labels::DEPLOY_DRA_DRIVER).await?;
             Ok((deferred || removed).then_some(()))

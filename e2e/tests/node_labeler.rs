@@ -75,7 +75,10 @@ async fn node_labeler_on_the_local_cluster() -> anyhow::Result<()> {
         &apply,
         &Patch::Apply(
             json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-                             "metadata": {"name": "gpu-cluster"}, "spec": {}}),
+                             "metadata": {"name": "gpu-cluster"},
+                             // The switch below waits for its pod (drain: wait); no validator
+                             // runs here, so hand-overs never finish and must not queue.
+                             "spec": {"migration": {"drain": "wait", "maxUnavailable": 1000}}}),
         ),
     )
     .await?;
@@ -289,7 +292,7 @@ async fn deferred_switch(client: &kube::Client, nodes: &Api<Node>) -> anyhow::Re
     let events: Api<Event> = Api::all(client.clone());
     eventually(
         Duration::from_secs(30),
-        "a DraDriverRemovalDeferred event on the node",
+        "a HandoverDraining event on the node",
         || {
             let events = events.clone();
             async move {
@@ -299,7 +302,12 @@ async fn deferred_switch(client: &kube::Client, nodes: &Api<Node>) -> anyhow::Re
                 Ok(list
                     .items
                     .iter()
-                    .any(|e| e.reason.as_deref() == Some("DraDriverRemovalDeferred"))
+                    .any(|e| {
+                        e.reason.as_deref() == Some("HandoverDraining")
+                            && e.message
+                                .as_deref()
+                                .is_some_and(|m| m.contains("waiting for them"))
+                    })
                     .then_some(()))
             }
         },

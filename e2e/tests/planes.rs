@@ -11,8 +11,8 @@ use anyhow::Context;
 use api::GPUCluster;
 use api::contract::{labels as l, objects as o};
 use e2e::{
-    Env, delete_cluster_policy, eventually, install_cluster_policy, install_crd, metric, set_spec,
-    uninstall_cluster_policy,
+    Env, delete_cluster_policy, delete_nodes, eventually, fresh_namespace, install_cluster_policy,
+    install_crd, kwok_gpu_node, metric, set_spec, uninstall_cluster_policy,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -23,18 +23,6 @@ use serde_json::json;
 const NS: &str = "e2e-planes";
 const OPERATOR_METRICS: &str = "127.0.0.1:18086";
 const LABELER_METRICS: &str = "127.0.0.1:18087";
-
-fn gpu_node(name: &str) -> Node {
-    serde_json::from_value(json!({
-        "metadata": {"name": name,
-                     "labels": {"kubernetes.io/hostname": name, "type": "kwok", "e2e": "planes",
-                                "feature.node.kubernetes.io/pci-10de.present": "true"},
-                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
-        "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-                   "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}}
-    }))
-    .expect("a valid node")
-}
 
 /// The node's mode and deploy labels.
 fn planes(node: &Node) -> (Option<String>, BTreeMap<String, String>) {
@@ -73,44 +61,12 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
     let client = env.client().await?;
     install_crd(&client).await?;
     uninstall_cluster_policy(&client).await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    // The namespace of an earlier run may still be terminating.
-    eventually(
-        Duration::from_secs(60),
-        "no terminating namespace",
-        || async {
-            let ns = namespaces.get_opt(NS).await?;
-            let phase = ns.and_then(|n| n.status).and_then(|s| s.phase);
-            Ok((phase.as_deref() != Some("Terminating")).then_some(()))
-        },
-    )
-    .await?;
-    namespaces
-        .patch(
-            NS,
-            &PatchParams::apply("e2e-planes").force(),
-            &Patch::Apply(
-                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
-            ),
-        )
-        .await?;
+    fresh_namespace(&client, NS).await?;
     let gcs: Api<GPUCluster> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
     // A run that failed half-way may have left its nodes; new ones are what this test is about.
-    for name in ["planes-a", "planes-b"] {
-        let _ = nodes.delete(name, &DeleteParams::default()).await;
-    }
-    eventually(
-        Duration::from_secs(30),
-        "nodes of an earlier run gone",
-        || async {
-            let a = nodes.get_opt("planes-a").await?;
-            let b = nodes.get_opt("planes-b").await?;
-            Ok((a.is_none() && b.is_none()).then_some(()))
-        },
-    )
-    .await?;
+    delete_nodes(&client, &["planes-a", "planes-b"]).await?;
     // Only the DRA plane is served at first: the GPUCluster's device plugin is off and no
     // ClusterPolicy exists.
     set_spec(&gcs, json!({"devicePlugin": {"enabled": false}})).await?;
@@ -139,7 +95,10 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
         ],
     )?;
     nodes
-        .create(&PostParams::default(), &gpu_node("planes-a"))
+        .create(
+            &PostParams::default(),
+            &kwok_gpu_node("planes-a", "planes", 0),
+        )
         .await?;
     wait_for_mode(&nodes, "planes-a", "dra")
         .await
@@ -159,7 +118,10 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
     .await
     .with_context(|| labeler.log_tail())?;
     nodes
-        .create(&PostParams::default(), &gpu_node("planes-b"))
+        .create(
+            &PostParams::default(),
+            &kwok_gpu_node("planes-b", "planes", 0),
+        )
         .await?;
     let b = wait_for_mode(&nodes, "planes-b", "device-plugin")
         .await
@@ -256,8 +218,10 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
         refused.to_string().contains("planePolicy rule bad-rule"),
         "{refused}"
     );
+    // No validator runs on these nodes, so their hand-overs never finish: they must not queue.
     let rule = json!({"planePolicy": {"rules": [{"name": "planes-on-dra", "mode": "dra",
-        "nodeSelector": {"matchLabels": {"e2e": "planes"}}}]}});
+        "nodeSelector": {"matchLabels": {"e2e": "planes"}}}]},
+        "migration": {"maxUnavailable": 100}});
     let pin = json!({"metadata": {"labels": {l::ALLOCATION_MODE: "device-plugin"}}});
     nodes
         .patch("planes-a", &PatchParams::default(), &Patch::Merge(&pin))
@@ -296,6 +260,8 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
     for name in ["planes-a", "planes-b"] {
         let _ = nodes.delete(name, &DeleteParams::default()).await;
     }
-    let _ = namespaces.delete(NS, &DeleteParams::default()).await;
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(NS, &DeleteParams::default())
+        .await;
     Ok(())
 }

@@ -254,7 +254,8 @@ GNS=gpu-operator
 t0=$SECONDS
 "$BIN_DIR/helm" --kubeconfig "$KUBECONFIG_FILE" upgrade --install gpu-operator "$REPO_DIR/charts/gpu-operator" \
   --namespace "$GNS" --create-namespace --set gpuCluster.enabled=true --set driver.enabled=false \
-  --set 'operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE' --set 'operator.env[0].value=dra' >/dev/null
+  --set 'operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE' --set 'operator.env[0].value=dra' \
+  --set gpuCluster.migration.drain=wait >/dev/null
 gc_ready() { [[ "$(k get gpucluster gpu-cluster -o jsonpath='{.status.state}')" == ready ]]; }
 if wait_until 300 gc_ready; then
   pods="$(k -n "$GNS" get pods --no-headers -o wide | awk '{print $1" "$2" "$3" "$7}' | tr '\n' ';')"
@@ -264,6 +265,14 @@ else
   exit 1
 fi
 
+# Readiness labels: set by the labeler once the node's plane validator passes there.
+stack_of() { k get node "$1" -o jsonpath='{.metadata.labels.gpu-operator-rs\.dev/gpu-stack} {.metadata.labels.gpu-operator-rs\.dev/gpu-setup-complete} {.spec.unschedulable}'; }
+dra_ready_0() { [[ "$(stack_of real-gpu-0)" == "dra true " ]]; }
+if wait_until 60 dra_ready_0; then
+  pass "readiness labels on real-gpu-0 once its DRA validator passed: gpu-stack=dra, gpu-setup-complete=true"
+else
+  fail "readiness labels on real-gpu-0 (gpu-stack setup-complete unschedulable): '$(stack_of real-gpu-0)'"
+fi
 counts="$(k get gpucluster gpu-cluster -o jsonpath='{.status.nodes.gpu} {.status.nodes.dra} {.status.nodes.readyDra}')"
 # The KWOK node counts as a GPU node in dra mode; its plugin pod, kept off by the taint, is not ready.
 if [[ "$counts" == "4 4 3" ]]; then
@@ -591,11 +600,11 @@ k patch gpucluster gpu-cluster --type merge -p '{"spec": {"devicePlugin": {"env"
   {"name": "HEALTH_RECOVERY_PERIOD", "value": "5"}]}}}' >/dev/null
 if wait_until 120 running switch; then
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=device-plugin --overwrite >/dev/null
-  deferred() { [[ -z "$(label_of real-gpu-1 dra-validator)" && "$(label_of real-gpu-1 dra-driver)" == true && -z "$(label_of real-gpu-1 device-plugin)" ]]; }
+  deferred() { [[ -z "$(label_of real-gpu-1 dra-validator)" && "$(label_of real-gpu-1 dra-driver)" == true && -z "$(label_of real-gpu-1 device-plugin)" && "$(stack_of real-gpu-1)" == "  true" ]]; }
   if wait_until 60 deferred && sleep 5 && deferred && [[ -n "$(plugin_on real-gpu-1)" ]]; then
-    pass "mode switched to device-plugin under a running GPU pod: consumers' labels gone, the DRA plugin kept, no device plugin yet (one plane per node)"
+    pass "mode switched to device-plugin under a running GPU pod (migration.drain: wait): node cordoned, readiness labels gone, consumers' labels gone, the DRA plugin kept, no device plugin yet (one plane per node)"
   else
-    fail "switch under a running pod: dra-validator '$(label_of real-gpu-1 dra-validator)', dra-driver '$(label_of real-gpu-1 dra-driver)', device-plugin '$(label_of real-gpu-1 device-plugin)'"
+    fail "switch under a running pod: dra-validator '$(label_of real-gpu-1 dra-validator)', dra-driver '$(label_of real-gpu-1 dra-driver)', device-plugin '$(label_of real-gpu-1 device-plugin)', stack/complete/unschedulable '$(stack_of real-gpu-1)'"
   fi
   k -n default delete pod switch --wait=false >/dev/null
   driver_gone() { [[ -z "$(label_of real-gpu-1 dra-driver)" && -z "$(plugin_on real-gpu-1)" ]]; }
@@ -630,6 +639,12 @@ if wait_until 120 running switch; then
     fi
   else
     fail "operator-validator on real-gpu-1: '$(opval_on real-gpu-1)'; $(k -n "$GNS" logs -l app=nvidia-operator-validator -c plugin-validation --tail=3 2>&1 | tr '\n' ' ')"
+  fi
+  dp_ready_1() { [[ "$(stack_of real-gpu-1)" == "device-plugin true " ]]; }
+  if wait_until 30 dp_ready_1; then
+    pass "hand-over of real-gpu-1 complete: gpu-stack=device-plugin, gpu-setup-complete=true, node uncordoned"
+  else
+    fail "after the validator passed on real-gpu-1 (gpu-stack setup-complete unschedulable): '$(stack_of real-gpu-1)'; annotation $(k get node real-gpu-1 -o jsonpath='{.metadata.annotations.gpu-operator-rs\.dev/plane-handover}')"
   fi
   planes() { k get gpucluster gpu-cluster -o jsonpath='{.status.nodes.dra} {.status.nodes.devicePlugin} {.status.nodes.readyDevicePlugin}'; }
   counted() { [[ "$(planes)" == "3 1 1" ]]; }
@@ -711,12 +726,12 @@ if wait_until 120 running switch; then
     fail "dp-hold on real-gpu-1: $(pod_phase dp-hold)"
     k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=dra --overwrite >/dev/null
   fi
-  returned() { [[ "$(plugin_on real-gpu-1)" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
+  returned() { [[ "$(plugin_on real-gpu-1)" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 && "$(stack_of real-gpu-1)" == "dra true " ]]; }
   dp_gone() { [[ -z "$(dp_on real-gpu-1)" && "$(allocatable real-gpu-1)" =~ ^0?$ ]]; }
   if wait_until 120 returned && wait_until 60 dp_gone; then
-    pass "switched back to dra: the device plugin left (allocatable nvidia.com/gpu '$(allocatable real-gpu-1)'), the DRA plugin returned to real-gpu-1 and published its 2 GPUs"
+    pass "switched back to dra: the device plugin left (allocatable nvidia.com/gpu '$(allocatable real-gpu-1)'), the DRA plugin returned to real-gpu-1 and published its 2 GPUs; hand-over complete (gpu-stack=dra, uncordoned)"
   else
-    fail "switched back to dra: plugin '$(plugin_on real-gpu-1)', $(slice_uuids real-gpu-1 | wc -l) GPUs"
+    fail "switched back to dra: plugin '$(plugin_on real-gpu-1)', $(slice_uuids real-gpu-1 | wc -l) GPUs, stack/complete/unschedulable '$(stack_of real-gpu-1)'"
   fi
 else
   fail "switch on real-gpu-1: $(pod_phase switch)"

@@ -122,6 +122,14 @@ pub mod labels {
     /// to anything else is an admin's and wins.
     pub const CHOSEN_MODE: &str = "gpu-operator-rs.dev/chosen-allocation-mode";
 
+    /// Node label: the plane that serves the node, `dra` or `device-plugin`, set only while that
+    /// plane is ready there (its validator passed).
+    pub const GPU_STACK: &str = "gpu-operator-rs.dev/gpu-stack";
+    /// Node label: `true` while the node's plane is ready (set and removed with [`GPU_STACK`]).
+    pub const GPU_SETUP_COMPLETE: &str = "gpu-operator-rs.dev/gpu-setup-complete";
+    /// Node annotation: the node's hand-over between planes, as JSON (`api::handover::Handover`).
+    pub const HANDOVER: &str = "gpu-operator-rs.dev/plane-handover";
+
     /// Node annotation: `true` when the active CR's driver upgrade policy is on.
     pub const DRIVER_UPGRADE_ENABLED: &str = "nvidia.com/gpu-driver-upgrade-enabled";
 

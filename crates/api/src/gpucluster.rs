@@ -68,6 +68,59 @@ pub struct GPUClusterSpec {
     #[serde(default)]
     #[schemars(extend("default" = {}))]
     pub plane_policy: PlanePolicy,
+    /// How a node is handed over when its plane changes (docs/migration.md).
+    #[serde(default)]
+    #[schemars(extend("default" = {}))]
+    pub migration: MigrationSpec,
+}
+
+/// How GPU nodes move between the planes: cordon, drain the pods holding the old plane's GPUs,
+/// move the deploy labels, wait for the new plane to be ready, uncordon.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationSpec {
+    /// Nodes handed over at the same time.
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable: u32,
+    /// What happens to pods that hold the old plane's GPUs: `evict` them through the Eviction API
+    /// (PodDisruptionBudgets respected), or `wait` for them to leave.
+    #[serde(default)]
+    pub drain: DrainPolicy,
+    /// Seconds the new plane has to become ready on a node; past it the node goes back to its old
+    /// plane and no further node starts until the policy changes.
+    #[serde(default = "default_progress_deadline")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: u32,
+}
+
+impl Default for MigrationSpec {
+    fn default() -> Self {
+        Self {
+            max_unavailable: default_max_unavailable(),
+            drain: DrainPolicy::default(),
+            progress_deadline_seconds: default_progress_deadline(),
+        }
+    }
+}
+
+fn default_max_unavailable() -> u32 {
+    1
+}
+
+fn default_progress_deadline() -> u32 {
+    600
+}
+
+/// What a hand-over does with pods that hold the old plane's GPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DrainPolicy {
+    /// Evict them (DaemonSet pods and pods without GPUs are left alone).
+    #[default]
+    Evict,
+    /// Only wait for them to leave.
+    Wait,
 }
 
 /// Which plane serves which GPU nodes. A node's mode label set by hand wins; otherwise the first
@@ -622,6 +675,39 @@ pub struct GPUClusterStatus {
     /// GPU node counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodeCounts>,
+    /// Nodes moving between planes, and nodes rolled back (docs/migration.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationStatus>,
+}
+
+/// Hand-overs between planes as the nodes record them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationStatus {
+    /// Nodes between planes now (cordoned, draining, or waiting for the new plane), in name order;
+    /// at most 50 are listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_progress: Vec<NodeHandover>,
+    /// Nodes rolled back under the current generation: while any is listed, no other node starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rolled_back: Vec<NodeHandover>,
+}
+
+/// One node's hand-over.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeHandover {
+    /// The node.
+    pub node: String,
+    /// The plane it leaves.
+    pub from: String,
+    /// The plane it goes to.
+    pub to: String,
+    /// `Draining`, `WaitingForPlane` or `RolledBack`.
+    pub phase: String,
+    /// Why it was rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Overall state of a `GPUCluster`.

@@ -6,6 +6,7 @@
 
 pub mod contract;
 pub mod gpucluster;
+pub mod handover;
 pub mod image;
 pub mod mode;
 

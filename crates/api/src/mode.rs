@@ -28,6 +28,14 @@ impl AllocationMode {
     /// Every mode, in the order error messages list them.
     pub const ALL: [AllocationMode; 2] = [AllocationMode::Dra, AllocationMode::DevicePlugin];
 
+    /// The other mode.
+    pub const fn other(self) -> Self {
+        match self {
+            AllocationMode::Dra => AllocationMode::DevicePlugin,
+            AllocationMode::DevicePlugin => AllocationMode::Dra,
+        }
+    }
+
     /// The label value for this mode.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -1,6 +1,7 @@
 //! Whether pods on a node still hold GPUs of the plane it is leaving (DRA claims or device-plugin
 //! resources), read from the API.
 
+use api::AllocationMode;
 use api::contract::DRIVER_NAME;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -65,57 +66,69 @@ pub fn holds_device_plugin_gpus(pod: &Pod) -> bool {
     asks && !through_dra
 }
 
-/// Looks up whether any live pod on `node` holds GPUs the device plugin gave. A list that fails
-/// counts as held.
-pub async fn device_plugin_gpus_on_node(client: &kube::Client, node: &str) -> GpuClaims {
+/// Live pods on `node` that hold GPUs of `plane`: claims allocated by `gpu.nvidia.com` (a claim
+/// that no longer exists holds nothing), or resources the device plugin gave.
+pub async fn holding_pods(
+    client: &kube::Client,
+    node: &str,
+    plane: AllocationMode,
+) -> Result<Vec<Pod>, kube::Error> {
     let pods: Api<Pod> = Api::all(client.clone());
     let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    match pods.list(&params).await {
-        Ok(list)
-            if list
-                .items
-                .iter()
-                .any(|p| is_live(p) && holds_device_plugin_gpus(p)) =>
-        {
-            GpuClaims::Held
+    let mut holding = Vec::new();
+    for pod in pods.list(&params).await?.items {
+        if !is_live(&pod) {
+            continue;
         }
-        Ok(_) => GpuClaims::None,
+        let holds = match plane {
+            AllocationMode::DevicePlugin => holds_device_plugin_gpus(&pod),
+            AllocationMode::Dra => holds_dra_claims(client, &pod).await?,
+        };
+        if holds {
+            holding.push(pod);
+        }
+    }
+    Ok(holding)
+}
+
+async fn holds_dra_claims(client: &kube::Client, pod: &Pod) -> Result<bool, kube::Error> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+    for name in claim_names(pod) {
+        if claims
+            .get_opt(name)
+            .await?
+            .is_some_and(|c| allocated_by_gpu_driver(&c))
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Looks up whether any live pod on `node` holds GPUs of `plane`.
+///
+/// Anything that cannot be read counts as held: removing a plugin from under a GPU in use is the
+/// failure this check exists to prevent.
+pub async fn on_node(client: &kube::Client, node: &str, plane: AllocationMode) -> GpuClaims {
+    match holding_pods(client, node, plane).await {
+        Ok(pods) if pods.is_empty() => GpuClaims::None,
+        Ok(_) => GpuClaims::Held,
         Err(e) => {
-            tracing::warn!(node, error = %e, "listing the node's pods failed; treating device-plugin GPUs as held");
+            tracing::warn!(node, %plane, error = %e, "reading what the node's pods hold failed; treating its GPUs as held");
             GpuClaims::Held
         }
     }
 }
 
-/// Looks up whether any live pod on `node` holds a claim allocated by `gpu.nvidia.com`.
-///
-/// Anything that cannot be read counts as held: removing the plugin from under a prepared claim is
-/// the failure this check exists to prevent. A claim that no longer exists holds nothing.
-pub async fn on_node(client: &kube::Client, node: &str) -> GpuClaims {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let pods = match pods.list(&params).await {
-        Ok(list) => list.items,
-        Err(e) => {
-            tracing::warn!(node, error = %e, "listing the node's pods failed; treating GPU claims as held");
-            return GpuClaims::Held;
-        }
-    };
-    for pod in pods.iter().filter(|p| is_live(p)) {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
-        for name in claim_names(pod) {
-            match claims.get_opt(name).await {
-                Ok(Some(claim)) if allocated_by_gpu_driver(&claim) => return GpuClaims::Held,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(node, namespace, claim = name, error = %e, "reading a claim failed; treating it as held");
-                    return GpuClaims::Held;
-                }
-            }
-        }
-    }
-    GpuClaims::None
+/// Whether a DaemonSet runs the pod (it leaves with its deploy label; eviction would only bring
+/// it back).
+pub fn is_daemonset_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
 }
 
 #[cfg(test)]

@@ -1,17 +1,19 @@
 //! The controller: watches Nodes (metadata only) and the GPUCluster, plans each node's labels and
 //! writes only what changed.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::contract::{GPU_CLUSTER_NAME, cluster_policy, labels as l};
+use api::contract::{GPU_CLUSTER_NAME, cluster_policy, labels as l, objects as o};
+use api::handover::{Handover, Phase};
 use api::{AllocationMode, GPUCluster};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates};
 use kube::{Api, Resource, ResourceExt};
@@ -22,12 +24,17 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use crate::claims;
-use crate::plan::{self, Cluster, Finding, GpuClaims, Plan, Rule};
+use crate::events::{self, QueueReason};
+use crate::handover::{self, Step};
+use crate::node_ops::{self, Eviction};
+use crate::plan::{self, Cluster, GpuClaims, Hold, NodeFacts, Plan, ReadyPlanes, Rule};
 
 /// Field manager of every write the labeler makes.
 pub const FIELD_MANAGER: &str = "gpu-operator-node-labeler";
 /// How often a node whose `dra-driver` removal is deferred is looked at again.
 pub const DEFERRED_RECHECK: Duration = Duration::from_secs(30);
+/// How often a node in a hand-over is looked at again (drain progress, the deadline).
+pub const HANDOVER_RECHECK: Duration = Duration::from_secs(5);
 
 /// Labeler settings from its command line.
 #[derive(Clone, Copy, Debug)]
@@ -41,9 +48,28 @@ pub struct Settings {
 /// Why reconciling a node failed; the label is the metric's `error` value.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Patching the node failed (a 409 means it changed under us and is retried).
+    /// Patching the node's labels or annotations failed (a 409 means it changed under us and is
+    /// retried).
     #[error("patching node {node}: {source}")]
     Patch {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Cordoning or uncordoning the node failed.
+    #[error("{what} node {node}: {source}")]
+    Cordon {
+        /// `cordoning` or `uncordoning`.
+        what: &'static str,
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Reading or evicting the pods that hold the old plane's GPUs failed.
+    #[error("draining node {node}: {source}")]
+    Drain {
         /// The node.
         node: String,
         /// The API error.
@@ -55,6 +81,8 @@ impl Error {
     fn metric_label(&self) -> &'static str {
         match self {
             Error::Patch { .. } => "patch",
+            Error::Cordon { .. } => "cordon",
+            Error::Drain { .. } => "drain",
         }
     }
 }
@@ -67,6 +95,9 @@ pub struct Metrics {
     deferred: Counter,
     errors: Family<Vec<(String, String)>, Counter>,
     cluster_policy: Gauge,
+    handovers_in_progress: Gauge,
+    handover_steps: Family<Vec<(String, String)>, Counter>,
+    evictions: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Metrics {
@@ -94,6 +125,27 @@ impl Metrics {
             "1 while a ClusterPolicy serves the device-plugin plane",
             self.cluster_policy.clone(),
         );
+        sub.register(
+            "handovers_in_progress",
+            "GPU nodes between planes (cordoned, draining or waiting for the new plane)",
+            self.handovers_in_progress.clone(),
+        );
+        sub.register(
+            "handover_steps",
+            "Hand-over steps taken, by step (started, switched, completed, rolled_back, ...)",
+            self.handover_steps.clone(),
+        );
+        sub.register(
+            "evictions",
+            "Evictions of pods holding the old plane's GPUs, by result",
+            self.evictions.clone(),
+        );
+    }
+
+    fn count(family: &Family<Vec<(String, String)>, Counter>, key: &str, value: &str) {
+        family
+            .get_or_create(&vec![(key.to_owned(), value.to_owned())])
+            .inc();
     }
 }
 
@@ -101,25 +153,31 @@ struct Context {
     client: kube::Client,
     settings: Settings,
     gpu_clusters: Store<GPUCluster>,
+    nodes: Store<PartialObjectMeta<Node>>,
+    /// Pods of both planes' validators (`app=nvidia-operator-validator`), any namespace.
+    validators: Store<Pod>,
     /// Whether a `ClusterPolicy` exists (known before the first node is planned).
     cluster_policy: tokio::sync::watch::Receiver<Option<bool>>,
+    /// Nodes this process started handing over that the node cache may not show yet; held while
+    /// a start is decided, so two reconciles never take the last slot together.
+    started: tokio::sync::Mutex<BTreeSet<String>>,
     recorder: Recorder,
     metrics: Metrics,
 }
 
 impl Context {
-    fn cluster(&self) -> Cluster {
-        let gpu_cluster = self
-            .gpu_clusters
+    fn gpu_cluster(&self) -> Option<Arc<GPUCluster>> {
+        self.gpu_clusters
             .state()
             .into_iter()
-            .find(|gc| gc.name_any() == GPU_CLUSTER_NAME);
+            .find(|gc| gc.name_any() == GPU_CLUSTER_NAME)
+    }
+
+    fn cluster(&self, gpu_cluster: Option<&GPUCluster>) -> Cluster {
         Cluster {
             gpu_cluster: gpu_cluster.is_some(),
             cluster_policy: self.cluster_policy.borrow().unwrap_or(false),
-            gpu_cluster_device_plugin: gpu_cluster
-                .as_ref()
-                .is_some_and(|gc| gc.spec.device_plugin.enabled),
+            gpu_cluster_device_plugin: gpu_cluster.is_some_and(|gc| gc.spec.device_plugin.enabled),
             default_mode: self.settings.default_mode,
             driver_auto_upgrade: self.settings.driver_auto_upgrade,
             rules: gpu_cluster
@@ -132,6 +190,89 @@ impl Context {
                 })
                 .collect(),
         }
+    }
+
+    /// Planes whose validator pod is Ready on `node`.
+    fn ready_planes(&self, node: &str) -> ReadyPlanes {
+        let mut ready = ReadyPlanes::default();
+        for pod in self.validators.state() {
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node)
+                || pod.metadata.deletion_timestamp.is_some()
+                || !is_ready(&pod)
+            {
+                continue;
+            }
+            match validator_plane(&pod) {
+                AllocationMode::Dra => ready.dra = true,
+                AllocationMode::DevicePlugin => ready.device_plugin = true,
+            }
+        }
+        ready
+    }
+
+    /// Whether another hand-over may start, and why not. Call with `started` locked.
+    fn admission(
+        &self,
+        node: &str,
+        started: &BTreeSet<String>,
+        max_unavailable: u32,
+        generation: i64,
+    ) -> Result<(), QueueReason> {
+        let mut in_progress: BTreeSet<String> = started.clone();
+        for other in self.nodes.state() {
+            let Some(h) = other
+                .annotations()
+                .get(l::HANDOVER)
+                .and_then(|v| Handover::parse(v))
+            else {
+                continue;
+            };
+            if h.rollback
+                .as_ref()
+                .is_some_and(|r| r.generation == generation)
+            {
+                return Err(QueueReason::Paused {
+                    node: other.name_any(),
+                });
+            }
+            if h.phase.in_progress() {
+                in_progress.insert(other.name_any());
+            }
+        }
+        in_progress.remove(node);
+        self.metrics
+            .handovers_in_progress
+            .set(i64::try_from(in_progress.len()).unwrap_or(i64::MAX));
+        if in_progress.len() >= max_unavailable as usize {
+            return Err(QueueReason::Full {
+                in_progress: in_progress.len(),
+                max_unavailable,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// The plane a validator pod proves: ours for DRA, any other `nvidia-operator-validator`
+/// (ours or a ClusterPolicy's) for the device plugin.
+fn validator_plane(pod: &Pod) -> AllocationMode {
+    let dra = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet" && o.name == o::VALIDATOR_DAEMONSET);
+    if dra {
+        AllocationMode::Dra
+    } else {
+        AllocationMode::DevicePlugin
     }
 }
 
@@ -157,75 +298,166 @@ fn patch_params() -> PatchParams {
     }
 }
 
-fn event_for(finding: &Finding) -> Event {
-    match finding {
-        Finding::InvalidMode(value) => Event {
-            type_: EventType::Warning,
-            reason: "InvalidAllocationMode".into(),
-            note: Some(format!(
-                "label {} has invalid value {value:?}: allowed values are \"dra\" and \
-                 \"device-plugin\"; deploy labels are left unchanged until it is fixed",
-                l::ALLOCATION_MODE
-            )),
-            action: "Labeling".into(),
-            secondary: None,
-        },
-        Finding::DraDriverRemovalDeferred => Event {
-            type_: EventType::Normal,
-            reason: "DraDriverRemovalDeferred".into(),
-            note: Some(format!(
-                "keeping {} until no pod on this node holds a claim allocated by gpu.nvidia.com; \
-                 re-checking every {}s",
-                l::DEPLOY_DRA_DRIVER,
-                DEFERRED_RECHECK.as_secs()
-            )),
-            action: "Labeling".into(),
-            secondary: None,
-        },
-        Finding::ModeChosenByRule { rule, mode } => Event {
-            type_: EventType::Normal,
-            reason: "AllocationModeChosen".into(),
-            note: Some(format!(
-                "planePolicy rule {rule:?} of the GPUCluster puts this node in {mode} mode; set {} \
-                 by hand to pin another mode",
-                l::ALLOCATION_MODE
-            )),
-            action: "Labeling".into(),
-            secondary: None,
-        },
-        Finding::DevicePluginRemovalDeferred => Event {
-            type_: EventType::Normal,
-            reason: "DevicePluginRemovalDeferred".into(),
-            note: Some(format!(
-                "keeping {} until no pod on this node holds a GPU the device plugin gave \
-                 (nvidia.com/ resources); the DRA plane follows; re-checking every {}s",
-                l::DEPLOY_DEVICE_PLUGIN,
-                DEFERRED_RECHECK.as_secs()
-            )),
-            action: "Labeling".into(),
-            secondary: None,
-        },
-    }
-}
-
 async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
     let name = node.name_any();
-    let cluster = ctx.cluster();
+    let gpu_cluster = ctx.gpu_cluster();
+    let cluster = ctx.cluster(gpu_cluster.as_deref());
+    let migration = gpu_cluster
+        .as_ref()
+        .map(|gc| gc.spec.migration.clone())
+        .unwrap_or_default();
+    let generation = gpu_cluster
+        .as_ref()
+        .and_then(|gc| gc.metadata.generation)
+        .unwrap_or(0);
     let (labels, annotations) = (node.labels(), node.annotations());
-    let mut plan = plan::plan(labels, annotations, &cluster, GpuClaims::Unknown);
-    if let Some(plane) = plan.needs_claim_lookup {
-        let held = match plane {
-            AllocationMode::Dra => claims::on_node(&ctx.client, &name).await,
-            AllocationMode::DevicePlugin => {
-                claims::device_plugin_gpus_on_node(&ctx.client, &name).await
-            }
-        };
-        plan = plan::plan(labels, annotations, &cluster, held);
+    let state = annotations
+        .get(l::HANDOVER)
+        .and_then(|v| Handover::parse(v));
+    let mut facts = NodeFacts {
+        claims: GpuClaims::Unknown,
+        ready: ctx.ready_planes(&name),
+        pinned: state.as_ref().and_then(|h| h.pinned(generation)),
+        hold: Hold::No,
+    };
+    let mut plan = plan::plan_node(labels, annotations, &cluster, facts);
+
+    // The hand-over: a start is decided under the lock, so slots are never over-booked.
+    let started = if state.is_none() && plan.switch.is_some() {
+        Some(ctx.started.lock().await)
+    } else {
+        None
+    };
+    let admission = match &started {
+        Some(set) => ctx.admission(&name, set, migration.max_unavailable, generation),
+        None => Ok(()),
+    };
+    let holding = match &state {
+        Some(h) if h.phase == Phase::Draining && plan.switch == Some((h.from, h.to)) => {
+            claims::holding_pods(&ctx.client, &name, h.from)
+                .await
+                .map_err(|source| Error::Drain {
+                    node: name.clone(),
+                    source,
+                })?
+        }
+        _ => Vec::new(),
+    };
+    let step = handover::step(&handover::Inputs {
+        state: state.as_ref(),
+        switch: plan.switch,
+        ready: facts.ready,
+        holders: holding.len(),
+        now: jiff::Timestamp::now().as_second(),
+        drain: migration.drain,
+        deadline_secs: i64::from(migration.progress_deadline_seconds),
+        generation,
+        may_start: admission.is_ok(),
+    });
+    let record = handover_record(&step);
+    if let Some(Some(h)) = &record {
+        facts.pinned = h.pinned(generation);
     }
-    for finding in &plan.findings {
-        let reference = node.object_ref(&());
-        if let Err(e) = ctx.recorder.publish(&event_for(finding), &reference).await {
+    if step == Step::Queued {
+        facts.hold = Hold::WholePlane;
+    } else if step.holds_old_plane() {
+        facts.hold = Hold::Plugin;
+    } else if step.moves_labels() {
+        facts.claims = GpuClaims::None;
+    }
+    plan = plan::plan_node(labels, annotations, &cluster, facts);
+    if let Some(plane) = plan.needs_claim_lookup {
+        facts.claims = claims::on_node(&ctx.client, &name, plane).await;
+        plan = plan::plan_node(labels, annotations, &cluster, facts);
+    }
+
+    let pp = patch_params();
+    let cordon_err = |what| {
+        let node = name.clone();
+        move |source| Error::Cordon { what, node, source }
+    };
+    let mut record = record;
+    match &step {
+        Step::Start { from, to } => {
+            // Recorded first, cordoned after: a cordon whose record failed to land would read
+            // as an admin's on the next try and never be lifted.
+            let cordoned = !node_ops::is_cordoned(&ctx.client, &name)
+                .await
+                .map_err(cordon_err("reading"))?;
+            record = Some(Some(Handover {
+                from: *from,
+                to: *to,
+                phase: Phase::Draining,
+                since: jiff::Timestamp::now().as_second(),
+                cordoned,
+                rollback: None,
+            }));
+        }
+        Step::Drain { evict } => {
+            // Idempotent: the start's cordon may not have landed.
+            if state.as_ref().is_some_and(|h| h.cordoned) {
+                node_ops::cordon(&ctx.client, &name, &pp)
+                    .await
+                    .map_err(cordon_err("cordoning"))?;
+            }
+            for pod in holding
+                .iter()
+                .filter(|p| *evict && !claims::is_daemonset_pod(p))
+            {
+                let result =
+                    node_ops::evict(&ctx.client, pod)
+                        .await
+                        .map_err(|source| Error::Drain {
+                            node: name.clone(),
+                            source,
+                        })?;
+                let pod_name =
+                    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+                match &result {
+                    Eviction::Evicted => {
+                        tracing::info!(node = %name, pod = %pod_name, "evicted");
+                        Metrics::count(&ctx.metrics.evictions, "result", "evicted");
+                    }
+                    Eviction::Blocked(why) => {
+                        tracing::info!(node = %name, pod = %pod_name, why, "eviction blocked");
+                        Metrics::count(&ctx.metrics.evictions, "result", "blocked");
+                    }
+                    Eviction::Gone => {}
+                }
+            }
+        }
+        Step::Complete { uncordon: true, .. } | Step::Cancel { uncordon: true } => {
+            node_ops::uncordon(&ctx.client, &name, &pp)
+                .await
+                .map_err(cordon_err("uncordoning"))?;
+        }
+        _ => {}
+    }
+    let cordon_after_write =
+        matches!((&step, &record), (Step::Start { .. }, Some(Some(h))) if h.cordoned);
+    if let Some(value) = record {
+        plan.annotations
+            .insert(l::HANDOVER.to_owned(), value.map(|h| h.to_annotation()));
+    }
+
+    let queue = admission.err();
+    let reference = node.object_ref(&());
+    let step_event = events::for_step(
+        &step,
+        state.as_ref(),
+        plan.switch,
+        holding.len(),
+        queue.as_ref(),
+        i64::from(migration.progress_deadline_seconds),
+    );
+    for event in plan
+        .findings
+        .iter()
+        .map(events::for_finding)
+        .chain(step_event)
+    {
+        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
             tracing::warn!(node = %name, error = %e, "publishing an event failed");
         }
     }
@@ -236,7 +468,7 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         let nodes: Api<Node> = Api::all(ctx.client.clone());
         let body = patch_body(&plan, node.resource_version().as_deref());
         nodes
-            .patch_metadata(&name, &patch_params(), &Patch::Merge(&body))
+            .patch_metadata(&name, &pp, &Patch::Merge(&body))
             .await
             .map_err(|source| Error::Patch {
                 node: name.clone(),
@@ -245,19 +477,82 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         ctx.metrics.writes.inc();
         tracing::info!(node = %name, labels = ?plan.labels, annotations = ?plan.annotations, "node updated");
     }
-    Ok(if plan.is_deferred() {
-        Action::requeue(DEFERRED_RECHECK)
-    } else {
-        Action::await_change()
+    if cordon_after_write {
+        node_ops::cordon(&ctx.client, &name, &pp)
+            .await
+            .map_err(cordon_err("cordoning"))?;
+    }
+    if let Some(label) = step_metric(&step) {
+        Metrics::count(&ctx.metrics.handover_steps, "step", label);
+    }
+    if let Some(mut set) = started {
+        match &step {
+            Step::Start { .. } => {
+                set.insert(name.clone());
+            }
+            _ => {
+                set.remove(&name);
+            }
+        }
+    } else if matches!(
+        step,
+        Step::Complete { .. } | Step::Cancel { .. } | Step::Idle | Step::Release
+    ) {
+        ctx.started.lock().await.remove(&name);
+    }
+    Ok(match step {
+        Step::Idle | Step::Release | Step::Complete { .. } | Step::Cancel { .. } => {
+            if plan.is_deferred() {
+                Action::requeue(DEFERRED_RECHECK)
+            } else {
+                Action::await_change()
+            }
+        }
+        _ => Action::requeue(HANDOVER_RECHECK),
     })
 }
 
-fn error_policy(_node: Arc<PartialObjectMeta<Node>>, error: &Error, ctx: Arc<Context>) -> Action {
+/// What the hand-over annotation becomes: `Some(Some(h))` sets it, `Some(None)` removes it,
+/// `None` leaves it. A start's record is made once the node is cordoned.
+fn handover_record(step: &Step) -> Option<Option<Handover>> {
+    match step {
+        Step::Switch(h) | Step::RollBack(h) | Step::Reverse(h) => Some(Some(h.clone())),
+        Step::Complete { record, .. } => Some(record.clone()),
+        Step::Cancel { .. } | Step::Release => Some(None),
+        _ => None,
+    }
+}
+
+fn step_metric(step: &Step) -> Option<&'static str> {
+    Some(match step {
+        Step::Start { .. } => "started",
+        Step::Switch(_) => "switched",
+        Step::Complete { record: None, .. } => "completed",
+        Step::Complete {
+            record: Some(_), ..
+        } => "rollback_completed",
+        Step::RollBack(_) => "rolled_back",
+        Step::Reverse(_) => "reversed",
+        Step::Cancel { .. } => "cancelled",
+        Step::Release => "released",
+        Step::Idle | Step::Queued | Step::Drain { .. } | Step::Wait { .. } => return None,
+    })
+}
+
+fn error_policy(node: Arc<PartialObjectMeta<Node>>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::Patch {
+        source: kube::Error::Api(status),
+        ..
+    } = error
+        && status.code == 409
+    {
+        // The cache had not seen our last write yet: plan again from the newer node.
+        tracing::debug!(node = %node.name_any(), "node changed while planning; planning again");
+        Metrics::count(&ctx.metrics.errors, "error", "conflict");
+        return Action::requeue(Duration::from_millis(500));
+    }
     tracing::warn!(%error, "reconcile failed");
-    ctx.metrics
-        .errors
-        .get_or_create(&vec![("error".into(), error.metric_label().into())])
-        .inc();
+    Metrics::count(&ctx.metrics.errors, "error", error.metric_label());
     Action::requeue(Duration::from_secs(2))
 }
 
@@ -313,6 +608,19 @@ pub async fn run(
         }
     });
 
+    // Validator pods of both planes: their readiness is the nodes' readiness labels and the end
+    // of a hand-over.
+    let (validator_reader, validator_writer) = reflector::store();
+    let validator_events = reflector(
+        validator_writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(&format!("app={}", l::VALIDATOR_APP)),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+
     let (node_reader, node_writer) = reflector::store();
     // Only labels and annotations matter here; managedFields are most of a Node's metadata, so they
     // are dropped before the cache keeps thousands of them.
@@ -334,7 +642,10 @@ pub async fn run(
         client,
         settings,
         gpu_clusters: gc_reader,
+        nodes: node_reader.clone(),
+        validators: validator_reader,
         cluster_policy,
+        started: tokio::sync::Mutex::default(),
         metrics,
     });
     // Bounded concurrency: thousands of new nodes must not become thousands of parallel requests
@@ -342,6 +653,11 @@ pub async fn run(
     Controller::for_stream(nodes, node_reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(16))
         .reconcile_all_on(trigger_rx)
+        .watches_stream(validator_events, |pod: Pod| {
+            pod.spec
+                .and_then(|s| s.node_name)
+                .map(|node| ObjectRef::<PartialObjectMeta<Node>>::new(&node))
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {

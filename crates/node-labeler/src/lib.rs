@@ -2,4 +2,7 @@
 
 pub mod claims;
 pub mod controller;
+pub mod events;
+pub mod handover;
+pub mod node_ops;
 pub mod plan;

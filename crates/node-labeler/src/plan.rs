@@ -101,6 +101,64 @@ pub enum GpuClaims {
     Held,
 }
 
+/// Planes whose validator passed on the node (its pod is Ready).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadyPlanes {
+    /// The DRA plane's validator (`nvidia-dra-validator`).
+    pub dra: bool,
+    /// The device-plugin plane's validator (`nvidia-operator-validator`).
+    pub device_plugin: bool,
+}
+
+impl ReadyPlanes {
+    /// Whether `mode`'s validator passed.
+    pub fn has(self, mode: AllocationMode) -> bool {
+        match mode {
+            AllocationMode::Dra => self.dra,
+            AllocationMode::DevicePlugin => self.device_plugin,
+        }
+    }
+}
+
+/// What is known about one node beyond its labels and annotations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// What pods hold of the plane the node may be leaving.
+    pub claims: GpuClaims,
+    /// Planes ready on the node.
+    pub ready: ReadyPlanes,
+    /// A rolled-back hand-over keeps the node on this plane, whatever the policy says.
+    pub pinned: Option<AllocationMode>,
+    /// How a hand-over holds the old plane; while it does, no deferral is reported (the
+    /// hand-over reports its own steps).
+    pub hold: Hold,
+}
+
+/// How a hand-over holds the old plane on the node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hold {
+    /// No hand-over holds it: what pods hold decides, as a deferral.
+    #[default]
+    No,
+    /// Queued: the old plane stays whole and none of the new plane's keys come.
+    WholePlane,
+    /// Draining: the old plane's plugin stays, its other operands leave (with their own GPU
+    /// claims), none of the new plane's keys come.
+    Plugin,
+}
+
+impl NodeFacts {
+    /// Only what pods hold is known.
+    pub fn claims(claims: GpuClaims) -> Self {
+        Self {
+            claims,
+            ready: ReadyPlanes::default(),
+            pinned: None,
+            hold: Hold::No,
+        }
+    }
+}
+
 /// Something worth telling an admin about the node, as an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Finding {
@@ -132,6 +190,9 @@ pub struct Plan {
     /// `gpu.deploy.device-plugin`) but what pods hold of that plane was not looked up: look it up
     /// and plan again.
     pub needs_claim_lookup: Option<AllocationMode>,
+    /// The node carries one plane's plugin and its mode asks for the other, served one:
+    /// `(from, to)`. The hand-over decides when the labels may move.
+    pub switch: Option<(AllocationMode, AllocationMode)>,
 }
 
 impl Plan {
@@ -177,6 +238,16 @@ fn is_mig_capable(labels: &BTreeMap<String, String>) -> bool {
         || ["h100", "a100", "a30"].iter().any(|p| product.contains(p))
 }
 
+/// Whether `key` is one of `mode`'s deploy keys (MIG manager included).
+fn in_plane(mode: AllocationMode, key: &str) -> bool {
+    match mode {
+        AllocationMode::Dra => l::DRA_PLANE_KEYS.contains(&key),
+        AllocationMode::DevicePlugin => {
+            l::DEVICE_PLUGIN_PLANE_KEYS.contains(&key) || key == l::DEPLOY_MIG_MANAGER
+        }
+    }
+}
+
 /// Every deploy key the labeler owns.
 fn owned_keys() -> impl Iterator<Item = &'static str> {
     l::DRA_PLANE_KEYS
@@ -198,13 +269,24 @@ fn plane_keys(mode: AllocationMode, labels: &BTreeMap<String, String>) -> Vec<&'
     }
 }
 
-/// Plans the label and annotation changes of one node.
+/// Plans the label and annotation changes of one node when only what pods hold is known.
 pub fn plan(
     labels: &BTreeMap<String, String>,
     annotations: &BTreeMap<String, String>,
     cluster: &Cluster,
     claims: GpuClaims,
 ) -> Plan {
+    plan_node(labels, annotations, cluster, NodeFacts::claims(claims))
+}
+
+/// Plans the label and annotation changes of one node.
+pub fn plan_node(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    cluster: &Cluster,
+    facts: NodeFacts,
+) -> Plan {
+    let claims = facts.claims;
     let mut desired: BTreeMap<&str, Option<String>> = BTreeMap::new();
     let mut findings = Vec::new();
     let gpu = is_gpu_node(labels);
@@ -225,6 +307,14 @@ pub fn plan(
     let mut chosen_after = chosen_before.map(str::to_owned);
     let mut excluded = false;
     let mode = match label {
+        _ if gpu && facts.pinned.is_some() => {
+            let pinned = facts.pinned;
+            if label != pinned.map(AllocationMode::as_str) {
+                desired.insert(l::ALLOCATION_MODE, pinned.map(|m| m.to_string()));
+            }
+            chosen_after = pinned.map(|m| m.to_string());
+            pinned
+        }
         Some(v) if !chosen_by_us => {
             chosen_after = None;
             match v.parse::<AllocationMode>() {
@@ -272,7 +362,8 @@ pub fn plan(
     };
 
     let kill_switch = value(labels, l::DEPLOY_OPERANDS) == Some("false");
-    if !gpu || kill_switch || (active_cr && (opted_out || excluded)) {
+    let stripped = !gpu || kill_switch || (active_cr && (opted_out || excluded));
+    if stripped {
         // Not (or no longer) a GPU node, operands switched off, opted out, or a control-plane
         // node no rule names: nothing of ours stays.
         for key in owned_keys() {
@@ -310,8 +401,13 @@ pub fn plan(
     .into_iter()
     // An empty value selects no plugin pod, so only a real value needs the check.
     .find(|(_, key, _)| matches!(desired.get(key), Some(None)) && value(labels, key).is_some());
+    let mut switch = None;
     if let Some((plane, plugin_key, deferred)) = leaving {
+        switch = mode
+            .filter(|m| *m != plane && active_cr && !stripped && cluster.serves(*m))
+            .map(|m| (plane, m));
         let kept = match claims {
+            _ if facts.hold != Hold::No => true,
             GpuClaims::None => false,
             GpuClaims::Unknown => {
                 needs_claim_lookup = Some(plane);
@@ -324,17 +420,35 @@ pub fn plan(
         };
         if kept {
             desired.remove(plugin_key);
-            let other_plane = |key: &str| match plane {
-                AllocationMode::Dra => {
-                    l::DEVICE_PLUGIN_PLANE_KEYS.contains(&key) || key == l::DEPLOY_MIG_MANAGER
-                }
-                AllocationMode::DevicePlugin => l::DRA_PLANE_KEYS.contains(&key),
-            };
+            let other_plane = |key: &str| in_plane(plane.other(), key);
             // The shared driver key is never added or removed by a switch.
             desired.retain(|key, want| {
                 want.is_none() || *key == l::DEPLOY_DRIVER || !other_plane(key)
             });
+            if facts.hold == Hold::WholePlane {
+                desired.retain(|key, want| want.is_some() || !in_plane(plane, key));
+            }
         }
+    }
+
+    // Readiness labels follow the plane whose plugin the node keeps, and only while its
+    // validator passes there.
+    if gpu && active_cr {
+        let after = |key: &str| match desired.get(key) {
+            Some(want) => want.as_deref().is_some_and(|v| !v.is_empty()),
+            None => value(labels, key).is_some(),
+        };
+        let plane = match (after(l::DEPLOY_DRA_DRIVER), after(l::DEPLOY_DEVICE_PLUGIN)) {
+            (true, false) => Some(AllocationMode::Dra),
+            (false, true) => Some(AllocationMode::DevicePlugin),
+            _ => None,
+        };
+        let ready = plane.filter(|p| facts.ready.has(*p));
+        desired.insert(l::GPU_STACK, ready.map(|p| p.to_string()));
+        desired.insert(l::GPU_SETUP_COMPLETE, ready.map(|_| "true".to_owned()));
+    } else {
+        desired.insert(l::GPU_STACK, None);
+        desired.insert(l::GPU_SETUP_COMPLETE, None);
     }
 
     let mut annotations_plan = BTreeMap::new();
@@ -357,6 +471,7 @@ pub fn plan(
         annotations: annotations_plan,
         findings,
         needs_claim_lookup,
+        switch,
     }
 }
 
@@ -463,6 +578,162 @@ mod tests {
                 .keys()
                 .any(|k| k.ends_with("-dra") || k.ends_with("dra-validator")),
             "{after:?}"
+        );
+    }
+
+    /// A converged node on `mode`'s plane, with `extra` labels on top.
+    fn converged(c: &Cluster, mode: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+        let mut labels = labels_after(&[(NFD, "true"), (MODE, mode)], c, GpuClaims::None);
+        labels.extend(map(extra));
+        labels
+    }
+
+    #[test]
+    fn a_switch_between_served_planes_is_reported_for_the_hand_over() {
+        let c = both_planes(AllocationMode::Dra);
+        let mut on_dp = converged(&c, "device-plugin", &[]);
+        on_dp.insert(MODE.into(), "dra".into());
+        let p = plan(&on_dp, &BTreeMap::new(), &c, GpuClaims::Held);
+        assert_eq!(
+            p.switch,
+            Some((AllocationMode::DevicePlugin, AllocationMode::Dra))
+        );
+        // Opting out is no switch: nothing is handed over to.
+        let mut opted_out = converged(&c, "device-plugin", &[(l::ENABLED, "false")]);
+        opted_out.insert(MODE.into(), "dra".into());
+        assert_eq!(
+            plan(&opted_out, &BTreeMap::new(), &c, GpuClaims::Held).switch,
+            None
+        );
+        // Nor is a mode whose plane nobody serves.
+        let mut to_unserved = converged(&GC, "dra", &[]);
+        to_unserved.insert(MODE.into(), "device-plugin".into());
+        assert_eq!(
+            plan(&to_unserved, &BTreeMap::new(), &GC, GpuClaims::Held).switch,
+            None
+        );
+    }
+
+    #[test]
+    fn a_pinned_node_stays_on_its_plane_whatever_the_rules_say() {
+        let rule = PlaneRule {
+            name: "all-dra".into(),
+            node_selector: Default::default(),
+            mode: AllocationMode::Dra,
+        };
+        let c = Cluster {
+            rules: vec![Rule::new(&rule).unwrap()],
+            ..both_planes(AllocationMode::Dra)
+        };
+        let mut node = converged(&both_planes(AllocationMode::Dra), "dra", &[]);
+        node.insert(MODE.into(), "dra".into());
+        let facts = NodeFacts {
+            pinned: Some(AllocationMode::DevicePlugin),
+            ..NodeFacts::claims(GpuClaims::Held)
+        };
+        let p = plan_node(&node, &BTreeMap::new(), &c, facts);
+        assert_eq!(sets(&p, MODE), Some("device-plugin"));
+        assert_eq!(
+            p.annotations.get(l::CHOSEN_MODE),
+            Some(&Some("device-plugin".to_owned()))
+        );
+        assert_eq!(
+            p.switch,
+            Some((AllocationMode::Dra, AllocationMode::DevicePlugin))
+        );
+        assert!(
+            !p.findings
+                .iter()
+                .any(|f| matches!(f, Finding::ModeChosenByRule { .. })),
+            "no rule decided: {:?}",
+            p.findings
+        );
+    }
+
+    #[test]
+    fn a_queued_hand_over_keeps_the_old_plane_whole_and_a_draining_one_its_plugin() {
+        let c = both_planes(AllocationMode::Dra);
+        let mut node = converged(&c, "device-plugin", &[]);
+        node.insert(MODE.into(), "dra".into());
+        let hold = |hold| NodeFacts {
+            hold,
+            ..NodeFacts::claims(GpuClaims::Unknown)
+        };
+        let p = plan_node(&node, &BTreeMap::new(), &c, hold(Hold::WholePlane));
+        assert!(p.labels.is_empty(), "{:?}", p.labels);
+        assert!(p.findings.is_empty(), "{:?}", p.findings);
+        assert_eq!(p.needs_claim_lookup, None);
+        assert_eq!(
+            p.switch,
+            Some((AllocationMode::DevicePlugin, AllocationMode::Dra))
+        );
+        // Draining keeps only the plugin, as a deferral does, but says nothing.
+        let draining = plan_node(&node, &BTreeMap::new(), &c, hold(Hold::Plugin));
+        assert!(draining.findings.is_empty(), "{:?}", draining.findings);
+        let deferred = plan(&node, &BTreeMap::new(), &c, GpuClaims::Held);
+        assert_eq!(draining.labels, deferred.labels);
+        assert_eq!(
+            draining.labels.get(l::DEPLOY_OPERATOR_VALIDATOR),
+            Some(&None),
+            "{:?}",
+            draining.labels
+        );
+        assert!(!draining.labels.contains_key(DP));
+    }
+
+    #[test]
+    fn readiness_labels_follow_the_validator_of_the_plane_the_node_keeps() {
+        let c = both_planes(AllocationMode::Dra);
+        let node = converged(&c, "dra", &[]);
+        let ready = |dra, device_plugin| NodeFacts {
+            ready: ReadyPlanes { dra, device_plugin },
+            ..NodeFacts::claims(GpuClaims::None)
+        };
+        let p = plan_node(&node, &BTreeMap::new(), &c, ready(true, false));
+        assert_eq!(sets(&p, l::GPU_STACK), Some("dra"));
+        assert_eq!(sets(&p, l::GPU_SETUP_COMPLETE), Some("true"));
+        // Another plane's validator proves nothing about this one.
+        assert!(
+            plan_node(&node, &BTreeMap::new(), &c, ready(false, true))
+                .labels
+                .is_empty()
+        );
+        // Once set, they go when the validator stops passing...
+        let mut labelled = node.clone();
+        labelled.extend(map(&[
+            (l::GPU_STACK, "dra"),
+            (l::GPU_SETUP_COMPLETE, "true"),
+        ]));
+        assert!(
+            plan_node(&labelled, &BTreeMap::new(), &c, ready(true, false))
+                .labels
+                .is_empty()
+        );
+        let p = plan_node(&labelled, &BTreeMap::new(), &c, ready(false, false));
+        assert_eq!(p.labels.get(l::GPU_STACK), Some(&None));
+        assert_eq!(p.labels.get(l::GPU_SETUP_COMPLETE), Some(&None));
+        // ...and when the labels move to the other plane, whatever the old validator says.
+        labelled.insert(MODE.into(), "device-plugin".into());
+        let p = plan_node(&labelled, &BTreeMap::new(), &c, ready(true, false));
+        assert_eq!(p.labels.get(DRA), Some(&None));
+        assert_eq!(p.labels.get(l::GPU_STACK), Some(&None));
+        // While the old plane is kept, it is still the one that counts.
+        let mut held = NodeFacts {
+            claims: GpuClaims::Held,
+            ..ready(true, false)
+        };
+        assert!(
+            !plan_node(&labelled, &BTreeMap::new(), &c, held)
+                .labels
+                .contains_key(l::GPU_STACK)
+        );
+        held.ready = ReadyPlanes::default();
+        let cpu = map(&[(l::GPU_STACK, "dra")]);
+        assert_eq!(
+            plan_node(&cpu, &BTreeMap::new(), &c, held)
+                .labels
+                .get(l::GPU_STACK),
+            Some(&None)
         );
     }
 

@@ -1,7 +1,7 @@
 //! Readiness of operands and the `GPUCluster` status built from it. Pure.
 
 use api::AllocationMode;
-use api::gpucluster::{GPUClusterStatus, NodeCounts, OperandStatus, State};
+use api::gpucluster::{GPUClusterStatus, MigrationStatus, NodeCounts, OperandStatus, State};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -99,6 +99,8 @@ pub struct Observed {
     /// GPU nodes the node labeler has not given an allocation mode yet (it has not seen them, or
     /// it does not run): nothing can say yet which of their operands should run.
     pub unlabelled_gpu_nodes: i32,
+    /// Hand-overs between planes.
+    pub migration: MigrationStatus,
 }
 
 /// Reason of a Ready condition that waits for operands to start.
@@ -226,9 +228,61 @@ pub fn status(
                 old,
                 now,
             ),
+            migration_paused(&observed.migration, generation, old, now),
         ],
         operands: observed.operands.clone(),
         nodes: Some(observed.nodes.clone()),
+        migration: (observed.migration != MigrationStatus::default())
+            .then(|| observed.migration.clone()),
+    }
+}
+
+/// `MigrationPaused`: true while a node rolled back under this generation holds the rollout,
+/// naming the nodes and why.
+fn migration_paused(
+    migration: &MigrationStatus,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: Timestamp,
+) -> Condition {
+    match migration.rolled_back.as_slice() {
+        [] => condition(
+            "MigrationPaused",
+            false,
+            "NoRollback",
+            "",
+            generation,
+            previous,
+            now,
+        ),
+        nodes => {
+            let each: Vec<String> = nodes
+                .iter()
+                .map(|n| {
+                    format!(
+                        "node {}: {}; it went back to the {} plane",
+                        n.node,
+                        n.reason.as_deref().unwrap_or("rolled back"),
+                        n.to
+                    )
+                })
+                .collect();
+            let message = format!(
+                "{}. No other node changes plane until the GPUCluster is edited (or the \
+                 {} annotation is removed from the node)",
+                each.join("; "),
+                api::contract::labels::HANDOVER
+            );
+            condition(
+                "MigrationPaused",
+                true,
+                "ProgressDeadlineExceeded",
+                &message,
+                generation,
+                previous,
+                now,
+            )
+        }
     }
 }
 
@@ -435,6 +489,58 @@ mod tests {
     }
 
     #[test]
+    fn a_rollback_pauses_the_migration_and_names_the_node() {
+        use api::gpucluster::NodeHandover;
+        let now = Timestamp::from_second(1_000).unwrap();
+        let calm = status(&Observed::default(), Some(4), None, now);
+        let paused = |s: &GPUClusterStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "MigrationPaused")
+                .cloned()
+                .expect("a MigrationPaused condition")
+        };
+        assert_eq!(paused(&calm).status, "False");
+        assert_eq!(calm.migration, None);
+        let moving = NodeHandover {
+            node: "gpu-b".into(),
+            from: "device-plugin".into(),
+            to: "dra".into(),
+            phase: "WaitingForPlane".into(),
+            reason: None,
+        };
+        let back = NodeHandover {
+            node: "gpu-a".into(),
+            from: "device-plugin".into(),
+            to: "dra".into(),
+            phase: "RolledBack".into(),
+            reason: Some("the device-plugin plane was not ready within 600s".into()),
+        };
+        let obs = Observed {
+            migration: MigrationStatus {
+                in_progress: vec![moving],
+                rolled_back: vec![back],
+            },
+            ..Observed::default()
+        };
+        let s = status(&obs, Some(4), Some(&calm), now);
+        let c = paused(&s);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "ProgressDeadlineExceeded")
+        );
+        assert!(
+            c.message.starts_with(
+                "node gpu-a: the device-plugin plane was not ready within 600s; it went back to \
+                 the dra plane. No other node changes plane"
+            ),
+            "{}",
+            c.message
+        );
+        assert_eq!(s.migration.as_ref(), Some(&obs.migration));
+    }
+
+    #[test]
     fn problems_win_over_readiness() {
         let now = Timestamp::from_second(1_000).unwrap();
         let obs = Observed {
@@ -471,7 +577,7 @@ mod tests {
         };
         let s = status(&blocked, None, None, now);
         assert_eq!(s.state, Some(State::NotReady));
-        for c in &s.conditions {
+        for c in &s.conditions[..2] {
             assert_eq!(c.reason, "PodCreationFailed", "{c:?}");
             assert!(
                 c.message.contains("no PriorityClass with name gpu-high"),

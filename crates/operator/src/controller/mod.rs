@@ -20,6 +20,7 @@ use kube::api::DynamicObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 
@@ -219,10 +220,17 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         }
     }
     let selectors: Vec<_> = daemonsets.iter().map(node_selector).collect();
-    let (nodes, unlabelled, labelled) = node_counts(&ctx, ready_plugins, &selectors).await?;
-    observed.nodes = nodes;
-    observed.unlabelled_gpu_nodes = unlabelled;
-    for (ds, labelled) in daemonsets.iter().zip(labelled) {
+    let survey = node_counts(
+        &ctx,
+        ready_plugins,
+        &selectors,
+        gc.metadata.generation.unwrap_or(0),
+    )
+    .await?;
+    observed.nodes = survey.counts;
+    observed.unlabelled_gpu_nodes = survey.unlabelled;
+    observed.migration = survey.migration;
+    for (ds, labelled) in daemonsets.iter().zip(survey.selected) {
         observed.operands.push(status::daemonset(ds, labelled));
     }
     let not_created =
@@ -318,6 +326,9 @@ pub async fn run(
         Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
         owned,
     )
+    .watches_stream(nodes::handover_changes(&client), |_| {
+        Some(ObjectRef::<GPUCluster>::new(GPU_CLUSTER_NAME))
+    })
     .reconcile_all_on(changes)
     .graceful_shutdown_on(shutdown)
     .run(reconcile, error_policy, ctx)

@@ -4,10 +4,13 @@ use std::collections::BTreeMap;
 
 use api::AllocationMode;
 use api::contract::labels as l;
-use api::gpucluster::NodeCounts;
+use api::gpucluster::{MigrationStatus, NodeCounts};
+use api::handover::Handover;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{ListParams, PartialObjectMeta};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Api, ResourceExt};
 
 use crate::status;
@@ -32,13 +35,31 @@ pub(super) struct ReadyPlugins {
     pub(super) device_plugin: i32,
 }
 
+/// What one pass over the GPU nodes found.
+pub(super) struct NodeSurvey {
+    /// GPU nodes, in each mode, with a ready plugin.
+    pub(super) counts: NodeCounts,
+    /// GPU nodes with no allocation mode yet.
+    pub(super) unlabelled: i32,
+    /// For each selector given, the GPU nodes it selects.
+    pub(super) selected: Vec<i32>,
+    /// Hand-overs between planes the nodes record.
+    pub(super) migration: MigrationStatus,
+}
+
+/// Nodes listed in `status.migration.inProgress` at most.
+const LISTED_HANDOVERS: usize = 50;
+
 /// Counts GPU nodes, those in each mode, those with no allocation mode yet, and for each of
-/// `selectors` the GPU nodes it selects.
+/// `selectors` the GPU nodes it selects; collects hand-overs in progress and rollbacks of
+/// `generation`.
 pub(super) async fn node_counts(
     ctx: &Context,
     ready: ReadyPlugins,
     selectors: &[BTreeMap<String, String>],
-) -> Result<(NodeCounts, i32, Vec<i32>), Error> {
+    generation: i64,
+) -> Result<NodeSurvey, Error> {
+    let mut migration = MigrationStatus::default();
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
     let selector = format!("{}=true", l::GPU_PRESENT);
     let (mut gpu, mut dra, mut device_plugin) = (0usize, 0usize, 0usize);
@@ -60,6 +81,19 @@ pub(super) async fn node_counts(
             unlabelled += i32::from(!node.labels().contains_key(l::ALLOCATION_MODE));
             for (count, sel) in selected.iter_mut().zip(selectors) {
                 *count += i32::from(status::selects(sel, node.labels()));
+            }
+            let handover = node
+                .annotations()
+                .get(l::HANDOVER)
+                .and_then(|v| Handover::parse(v));
+            match handover {
+                Some(h) if h.phase.in_progress() => {
+                    migration.in_progress.push(h.status(&node.name_any()));
+                }
+                Some(h) if h.pinned(generation).is_some() => {
+                    migration.rolled_back.push(h.status(&node.name_any()));
+                }
+                _ => {}
             }
         }
         let in_mode = |mode: AllocationMode| {
@@ -84,5 +118,31 @@ pub(super) async fn node_counts(
         device_plugin: device_plugin.try_into().unwrap_or(i32::MAX),
         ready_device_plugin: ready.device_plugin,
     };
-    Ok((counts, unlabelled, selected))
+    // The API lists nodes by name, so the first ones listed are kept.
+    migration.in_progress.truncate(LISTED_HANDOVERS);
+    Ok(NodeSurvey {
+        counts,
+        unlabelled,
+        selected,
+        migration,
+    })
+}
+
+/// GPU nodes whose hand-over annotation changed (metadata only, nothing cached): the status lists
+/// hand-overs, so each change re-runs the reconcile.
+pub(super) fn handover_changes(
+    client: &kube::Client,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<Node>, watcher::Error>> + Send + 'static {
+    let config = watcher::Config::default().labels(&format!("{}=true", l::GPU_PRESENT));
+    watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), config)
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(handover_hash, PredicateConfig::default())
+}
+
+fn handover_hash(node: &PartialObjectMeta<Node>) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    node.annotations().get(l::HANDOVER).hash(&mut hasher);
+    Some(hasher.finish())
 }

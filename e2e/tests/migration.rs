@@ -1,0 +1,469 @@
+//! Node-by-node hand-over between the planes, on the local cluster: two KWOK GPU nodes move from
+//! the device-plugin plane to DRA one at a time while a Deployment with a PodDisruptionBudget keeps
+//! a replica running; then back, where the device-plugin plane never becomes ready, so the first
+//! node is rolled back and the rollout pauses.
+//!
+//! The test plays the kubelet: it marks pods on its nodes as prepared (KWOK then runs them), except
+//! the validator pods of a plane it wants to fail. The validators are DaemonSets of the operator's
+//! names selecting the deploy labels, as the operator renders them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use api::GPUCluster;
+use api::contract::{labels as l, objects as o};
+use api::handover::{Handover, Phase};
+use e2e::{Env, delete_nodes, eventually, fresh_namespace, install_crd, kwok_gpu_node, set_spec};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "e2e-migration";
+const NODES: [&str; 2] = ["migration-a", "migration-b"];
+const LABELER_METRICS: &str = "127.0.0.1:18088";
+const OPERATOR_NS: &str = "e2e-migration-operator";
+const OPERATOR_METRICS: &str = "127.0.0.1:18089";
+const PREPARED: &str = "minikubelet.gpu-operator-rs.dev/prepared";
+
+/// A validator DaemonSet of the operator's name, on the nodes carrying `deploy_key`.
+fn validator(name: &str, deploy_key: &str) -> DaemonSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": name, "app": l::VALIDATOR_APP}},
+                "spec": {
+                    "nodeSelector": {deploy_key: "true", "e2e": "migration"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "validator", "image": "validator"}]
+                }
+            }
+        }
+    }))
+    .expect("a valid DaemonSet")
+}
+
+fn workload() -> (Deployment, PodDisruptionBudget) {
+    let deployment = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-app", "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "gpu-app"}},
+            "template": {
+                "metadata": {"labels": {"app": "gpu-app"}},
+                "spec": {
+                    "nodeSelector": {"e2e": "migration"},
+                    "containers": [{"name": "app", "image": "app",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+                }
+            }
+        }
+    }))
+    .expect("a valid Deployment");
+    let pdb = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-app", "namespace": NS},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "gpu-app"}}}
+    }))
+    .expect("a valid PodDisruptionBudget");
+    (deployment, pdb)
+}
+
+/// Plays the kubelet of the test's nodes for the test's namespace: marks its pods prepared so KWOK
+/// runs them, but leaves the validator pods of `broken` planes pending. (The operator's own pods,
+/// in another namespace, stay pending: this test is about the labeler and the status.)
+async fn kubelet(client: kube::Client, broken_dra: Arc<AtomicBool>, broken_dp: Arc<AtomicBool>) {
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    loop {
+        if let Ok(list) = pods.list(&ListParams::default()).await {
+            for pod in list.items {
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                if !node.is_some_and(|n| NODES.contains(&n.as_str()))
+                    || pod.annotations().contains_key(PREPARED)
+                {
+                    continue;
+                }
+                let owner = pod
+                    .owner_references()
+                    .first()
+                    .map(|o| o.name.clone())
+                    .unwrap_or_default();
+                let broken = (owner == o::VALIDATOR_DAEMONSET && broken_dra.load(Ordering::SeqCst))
+                    || (owner == o::OPERATOR_VALIDATOR_DAEMONSET
+                        && broken_dp.load(Ordering::SeqCst));
+                if broken {
+                    continue;
+                }
+                let body = json!({"metadata": {"annotations": {PREPARED: "true"}}});
+                let _ = pods
+                    .patch(
+                        &pod.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&body),
+                    )
+                    .await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// What every sample of the test's nodes and pods must show, whatever the step.
+#[derive(Debug, Default)]
+struct Watch {
+    samples: usize,
+    max_in_progress: usize,
+    max_in_status: usize,
+    min_running: Option<usize>,
+    violations: Vec<String>,
+}
+
+async fn sample(
+    nodes: &Api<Node>,
+    pods: &Api<Pod>,
+    gcs: &Api<GPUCluster>,
+    watch: &mut Watch,
+) -> anyhow::Result<()> {
+    let listed = gcs
+        .get("gpu-cluster")
+        .await?
+        .status
+        .and_then(|s| s.migration)
+        .map_or(0, |m| m.in_progress.len());
+    watch.max_in_status = watch.max_in_status.max(listed);
+    let mut in_progress = 0;
+    for name in NODES {
+        let node = nodes.get(name).await?;
+        let labels = node.labels();
+        let on = |k: &str| labels.get(k).is_some_and(|v| !v.is_empty());
+        if on(l::DEPLOY_DRA_DRIVER) && on(l::DEPLOY_DEVICE_PLUGIN) {
+            watch
+                .violations
+                .push(format!("{name} carries both planes' plugins: {labels:?}"));
+        }
+        if let Some(stack) = labels.get(l::GPU_STACK) {
+            let key = match stack.as_str() {
+                "dra" => l::DEPLOY_DRA_DRIVER,
+                _ => l::DEPLOY_DEVICE_PLUGIN,
+            };
+            if !on(key) {
+                watch
+                    .violations
+                    .push(format!("{name} says gpu-stack={stack} without {key}"));
+            }
+        }
+        in_progress += usize::from(
+            node.annotations()
+                .get(l::HANDOVER)
+                .and_then(|v| Handover::parse(v))
+                .is_some_and(|h| h.phase.in_progress()),
+        );
+    }
+    let running = pods
+        .list(&ListParams::default().labels("app=gpu-app"))
+        .await?
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .count();
+    watch.samples += 1;
+    watch.max_in_progress = watch.max_in_progress.max(in_progress);
+    watch.min_running = Some(watch.min_running.map_or(running, |m| m.min(running)));
+    Ok(())
+}
+
+/// The node's plane once its hand-over is over: mode, plugin label and readiness labels agree.
+async fn settled_on(nodes: &Api<Node>, name: &str, mode: &str) -> anyhow::Result<Option<Node>> {
+    let node = nodes.get(name).await?;
+    let labels = node.labels();
+    let plugin = match mode {
+        "dra" => l::DEPLOY_DRA_DRIVER,
+        _ => l::DEPLOY_DEVICE_PLUGIN,
+    };
+    let done = labels.get(l::ALLOCATION_MODE).map(String::as_str) == Some(mode)
+        && labels.get(plugin).map(String::as_str) == Some("true")
+        && labels.get(l::GPU_STACK).map(String::as_str) == Some(mode)
+        && labels.get(l::GPU_SETUP_COMPLETE).map(String::as_str) == Some("true")
+        && !node.annotations().contains_key(l::HANDOVER)
+        && node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true);
+    Ok(done.then_some(node))
+}
+
+/// `(reason, message)` of every Event on the node.
+async fn events_on(events: &Api<Event>, node: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|e| Some((e.reason?, e.message.unwrap_or_default())))
+        .collect())
+}
+
+fn has_event(seen: &[(String, String)], reason: &str, text: &str) -> bool {
+    seen.iter().any(|(r, m)| r == reason && m.contains(text))
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make test-e2e runs it"]
+async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow::Result<()> {
+    let env = Env::from_env()?;
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    fresh_namespace(&client, NS).await?;
+    let gcs: Api<GPUCluster> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let events: Api<Event> = Api::all(client.clone());
+    delete_nodes(&client, &NODES).await?;
+
+    let policy = |mode: &str, deadline: u32| {
+        json!({
+            "planePolicy": {"rules": [{"name": "migration-nodes", "mode": mode,
+                                       "nodeSelector": {"matchLabels": {"e2e": "migration"}}}]},
+            "migration": {"maxUnavailable": 1, "progressDeadlineSeconds": deadline},
+        })
+    };
+    set_spec(&gcs, policy("device-plugin", 15)).await?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    for ds in [
+        validator(o::VALIDATOR_DAEMONSET, l::DEPLOY_DRA_VALIDATOR),
+        validator(
+            o::OPERATOR_VALIDATOR_DAEMONSET,
+            l::DEPLOY_OPERATOR_VALIDATOR,
+        ),
+    ] {
+        daemonsets
+            .patch(
+                &ds.name_any(),
+                &PatchParams::apply("e2e-migration").force(),
+                &Patch::Apply(&ds),
+            )
+            .await?;
+    }
+    let (broken_dra, broken_dp) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let kubelet_task = tokio::spawn(kubelet(
+        client.clone(),
+        broken_dra.clone(),
+        broken_dp.clone(),
+    ));
+    let labeler = env.spawn(
+        "node-labeler",
+        "node-labeler-migration",
+        &[
+            ("HTTP_ENDPOINT", LABELER_METRICS),
+            ("POD_NAMESPACE", NS),
+            ("POD_NAME", "labeler-migration"),
+            ("DEFAULT_GPU_ALLOCATION_MODE", "device-plugin"),
+        ],
+    )?;
+    fresh_namespace(&client, OPERATOR_NS).await?;
+    let operator = env.spawn(
+        "gpu-operator",
+        "gpu-operator-migration",
+        &[
+            ("OPERATOR_NAMESPACE", OPERATOR_NS),
+            ("HTTP_ENDPOINT", OPERATOR_METRICS),
+            ("POD_NAME", "operator-migration"),
+        ],
+    )?;
+    for name in NODES {
+        nodes
+            .create(&PostParams::default(), &kwok_gpu_node(name, "migration", 1))
+            .await?;
+    }
+    // Both nodes settle on the device-plugin plane; the readiness labels come with its validator.
+    for name in NODES {
+        eventually(
+            Duration::from_secs(60),
+            &format!("{name} ready on the device-plugin plane"),
+            || settled_on(&nodes, name, "device-plugin"),
+        )
+        .await
+        .with_context(|| labeler.log_tail())?;
+    }
+    let (deployment, pdb) = workload();
+    let pp = PatchParams::apply("e2e-migration").force();
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+        .patch("gpu-app", &pp, &Patch::Apply(&pdb))
+        .await?;
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .patch("gpu-app", &pp, &Patch::Apply(&deployment))
+        .await?;
+    eventually(
+        Duration::from_secs(60),
+        "2 gpu-app replicas running",
+        || async {
+            let running = pods
+                .list(&ListParams::default().labels("app=gpu-app"))
+                .await?
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            Ok((running == 2).then_some(()))
+        },
+    )
+    .await?;
+
+    // To DRA: one node at a time, the workload kept running by its PodDisruptionBudget.
+    set_spec(&gcs, policy("dra", 15)).await?;
+    let mut watch = Watch::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        sample(&nodes, &pods, &gcs, &mut watch).await?;
+        let mut done = true;
+        for name in NODES {
+            done &= settled_on(&nodes, name, "dra").await?.is_some();
+        }
+        if done {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "both nodes on DRA within 120 s: {watch:?}\n{}",
+            labeler.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(watch.violations.is_empty(), "{watch:?}");
+    assert_eq!(watch.max_in_progress, 1, "one node at a time: {watch:?}");
+    assert_eq!(
+        watch.max_in_status, 1,
+        "the GPUCluster status lists the node in progress: {watch:?}"
+    );
+    assert!(
+        watch.min_running >= Some(1),
+        "a replica ran throughout: {watch:?}"
+    );
+    for name in NODES {
+        let seen = events_on(&events, name).await?;
+        for reason in ["HandoverStarted", "PlaneSwitched", "HandoverComplete"] {
+            assert!(has_event(&seen, reason, ""), "{reason} on {name}: {seen:?}");
+        }
+    }
+    let evicted = e2e::metric(
+        LABELER_METRICS,
+        r#"node_labeler_evictions_total{result="evicted"}"#,
+    )
+    .await;
+    assert!(
+        evicted.as_ref().is_ok_and(|n| *n >= 2.0),
+        "both replicas evicted once: {evicted:?}"
+    );
+
+    // Back to the device plugin, whose validator never passes: the first node goes back to DRA
+    // after the deadline, and the other one does not start.
+    broken_dp.store(true, Ordering::SeqCst);
+    set_spec(&gcs, policy("device-plugin", 8)).await?;
+    let (failed, rolled_back) = eventually(
+        Duration::from_secs(90),
+        "a node rolled back and settled on DRA",
+        || async {
+            for name in NODES {
+                let node = nodes.get(name).await?;
+                let record = node
+                    .annotations()
+                    .get(l::HANDOVER)
+                    .and_then(|v| Handover::parse(v));
+                if let Some(h) = record.filter(|h| h.phase == Phase::RolledBack)
+                    && node.labels().get(l::GPU_STACK).map(String::as_str) == Some("dra")
+                    && node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
+                {
+                    return Ok(Some((name, h)));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await
+    .with_context(|| labeler.log_tail())?;
+    assert_eq!(rolled_back.to, api::AllocationMode::Dra);
+    let reason = rolled_back.rollback.map(|r| r.reason).unwrap_or_default();
+    assert!(
+        reason.contains("device-plugin plane was not ready within 8s"),
+        "{reason}"
+    );
+    let seen = events_on(&events, failed).await?;
+    assert!(
+        has_event(&seen, "HandoverRolledBack", "going back to the dra plane"),
+        "{seen:?}"
+    );
+    let other = NODES.into_iter().find(|n| *n != failed).expect("two nodes");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = nodes.get(other).await?;
+    assert!(
+        !waiting.annotations().contains_key(l::HANDOVER),
+        "the rollout paused: {other} did not start"
+    );
+    assert_eq!(
+        waiting
+            .labels()
+            .get(l::DEPLOY_DRA_DRIVER)
+            .map(String::as_str),
+        Some("true"),
+        "{other} stayed on DRA"
+    );
+    eventually(
+        Duration::from_secs(20),
+        &format!("{other} queued behind the rollback"),
+        || async {
+            let seen = events_on(&events, other).await?;
+            let text = format!("node {failed} was rolled back");
+            Ok(has_event(&seen, "HandoverPaused", &text).then_some(()))
+        },
+    )
+    .await?;
+
+    // The GPUCluster says why the rollout stopped, naming the node.
+    let paused = eventually(
+        Duration::from_secs(30),
+        "the MigrationPaused condition",
+        || async {
+            let status = gcs.get("gpu-cluster").await?.status.unwrap_or_default();
+            let condition = status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "MigrationPaused" && c.status == "True");
+            let listed = status
+                .migration
+                .is_some_and(|m| m.rolled_back.iter().any(|n| n.node == failed));
+            Ok(condition.filter(|_| listed))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    assert_eq!(paused.reason, "ProgressDeadlineExceeded");
+    assert!(
+        paused.message.contains(&format!(
+            "node {failed}: the device-plugin plane was not ready within 8s; it went back to the \
+             dra plane"
+        )),
+        "{}",
+        paused.message
+    );
+
+    kubelet_task.abort();
+    for name in NODES {
+        let _ = nodes.delete(name, &DeleteParams::default()).await;
+    }
+    for ns in [NS, OPERATOR_NS] {
+        let _ = Api::<Namespace>::all(client.clone())
+            .delete(ns, &DeleteParams::default())
+            .await;
+    }
+    set_spec(&gcs, json!({})).await?;
+    Ok(())
+}
