@@ -17,7 +17,7 @@ use api::contract::{labels as l, objects as o};
 use api::handover::{Handover, Phase};
 use e2e::{Env, delete_nodes, eventually, fresh_namespace, install_crd, kwok_gpu_node, set_spec};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ResourceQuota};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -454,6 +454,61 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
         "{}",
         paused.message
     );
+
+    // The completion helper: a namespace's limit on device-plugin GPUs becomes the same limit on
+    // gpu.nvidia.com devices, printed first, made with --apply.
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), NS);
+    quotas
+        .patch(
+            "gpus",
+            &pp,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "gpus", "namespace": NS},
+                "spec": {"hard": {"requests.nvidia.com/gpu": "2", "pods": "10"}}})),
+        )
+        .await?;
+    let migrate = |apply: bool| {
+        let mut command = std::process::Command::new(env.bin_dir.join("gpu-operator"));
+        command
+            .args(["migrate", "quotas"])
+            .env("KUBECONFIG", &env.kubeconfig);
+        if apply {
+            command.arg("--apply");
+        }
+        command.output()
+    };
+    let dry = migrate(false)?;
+    let printed = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        dry.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(
+        printed.contains(&format!(
+            "{NS}/gpus: requests.nvidia.com/gpu: 2 -> gpu.nvidia.com.deviceclass.resource.k8s.io/devices: 2"
+        )),
+        "{printed}"
+    );
+    let hard = |q: ResourceQuota| q.spec.and_then(|s| s.hard).unwrap_or_default();
+    assert!(
+        hard(quotas.get("gpus").await?).contains_key("requests.nvidia.com/gpu"),
+        "printing changes nothing"
+    );
+    let applied = migrate(true)?;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let after = hard(quotas.get("gpus").await?);
+    assert_eq!(
+        after
+            .get("gpu.nvidia.com.deviceclass.resource.k8s.io/devices")
+            .map(|q| q.0.as_str()),
+        Some("2")
+    );
+    assert!(!after.contains_key("requests.nvidia.com/gpu"), "{after:?}");
 
     // Clean up while the operator runs: its finalizer holds the GPUCluster until it drains, and
     // the next test starts from no GPUCluster.

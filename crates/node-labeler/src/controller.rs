@@ -98,6 +98,7 @@ pub struct Metrics {
     handovers_in_progress: Gauge,
     handover_steps: Family<Vec<(String, String)>, Counter>,
     evictions: Family<Vec<(String, String)>, Counter>,
+    held_on_dra: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl Metrics {
@@ -134,6 +135,12 @@ impl Metrics {
             "handover_steps",
             "Hand-over steps taken, by step (started, switched, completed, rolled_back, ...)",
             self.handover_steps.clone(),
+        );
+        sub.register(
+            "node_held_on_dra",
+            "1 for each node whose plane policy moved it off DRA while pods there still hold \
+             gpu.nvidia.com claims (it stays on DRA until they leave)",
+            self.held_on_dra.clone(),
         );
         sub.register(
             "evictions",
@@ -484,6 +491,16 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     }
     if let Some(label) = step_metric(&step) {
         Metrics::count(&ctx.metrics.handover_steps, "step", label);
+    }
+    let held_on_dra = matches!(step, Step::Drain { .. })
+        && state
+            .as_ref()
+            .is_some_and(|h| h.from == AllocationMode::Dra);
+    let key = vec![("node".to_owned(), name.clone())];
+    if held_on_dra {
+        ctx.metrics.held_on_dra.get_or_create(&key).set(1);
+    } else {
+        ctx.metrics.held_on_dra.remove(&key);
     }
     if let Some(mut set) = started {
         match &step {

@@ -5,5 +5,6 @@ pub mod cleanup;
 pub mod controller;
 pub mod diff;
 pub mod pod_creation;
+pub mod quotas;
 pub mod render;
 pub mod status;

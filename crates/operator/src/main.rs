@@ -78,6 +78,26 @@ struct CleanupArgs {
     log_format: LogFormat,
 }
 
+/// `gpu-operator migrate quotas`: the ResourceQuota changes that finish a migration to DRA
+/// (`requests.nvidia.com/gpu` becomes the same limit on `gpu.nvidia.com` devices).
+#[derive(Debug, Parser)]
+#[command(name = "gpu-operator migrate", version)]
+struct MigrateArgs {
+    /// What to migrate.
+    #[command(subcommand)]
+    what: MigrateWhat,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum MigrateWhat {
+    /// Print (and with --apply make) the ResourceQuota changes.
+    Quotas {
+        /// Make the changes instead of only printing them.
+        #[arg(long)]
+        apply: bool,
+    },
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // A subcommand of its own parser, so the operator's required settings do not apply to it.
@@ -86,9 +106,22 @@ async fn main() -> std::process::ExitCode {
         service::logging::init(args.log_format);
         return exit(cleanup(args.timeout).await);
     }
+    if std::env::args().nth(1).as_deref() == Some("migrate") {
+        let MigrateArgs {
+            what: MigrateWhat::Quotas { apply },
+        } = MigrateArgs::parse_from(std::env::args().skip(1));
+        service::logging::init(LogFormat::Text);
+        return exit(migrate_quotas(apply).await);
+    }
     let args = Args::parse();
     service::logging::init(args.log_format);
     exit(run(args).await)
+}
+
+async fn migrate_quotas(apply: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let client = service::kube_client("gpu-operator").await?;
+    operator::quotas::run(client, apply).await?;
+    Ok(())
 }
 
 async fn cleanup(timeout: Duration) -> Result<(), Box<dyn std::error::Error>> {
