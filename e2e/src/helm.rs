@@ -59,6 +59,13 @@ pub fn helm(env: &Env, args: &[&str]) -> Command {
     command
 }
 
+/// A kubectl command against the cluster, as cluster admin.
+pub fn kubectl(env: &Env, args: &[&str]) -> Command {
+    let mut command = Command::new(cache_dir().join("bin/kubectl"));
+    command.args(args).env("KUBECONFIG", &env.kubeconfig);
+    command
+}
+
 /// Runs helm to the end and returns its output, whatever its exit status.
 pub fn helm_output(env: &Env, args: &[&str]) -> anyhow::Result<Output> {
     helm(env, args)

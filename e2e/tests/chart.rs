@@ -15,8 +15,8 @@ use api::GPUCluster;
 use api::contract::objects as o;
 use e2e::dra_node::DraNode;
 use e2e::helm::{
-    chart_dir, client_from, helm_ok, helm_output, helm_spawn, sa_kubeconfig, validate_installation,
-    with_kubeconfig,
+    chart_dir, client_from, helm_ok, helm_output, helm_spawn, kubectl, sa_kubeconfig,
+    validate_installation, with_kubeconfig,
 };
 use e2e::{Env, Process, eventually};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
@@ -234,6 +234,37 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         notes.contains("kubectl get gpucluster"),
         "NOTES lack the guide's checks:\n{notes}"
     );
+
+    // 1b. The chart's Warn-only policy: a pod that reaches GPUs through NVIDIA_VISIBLE_DEVICES
+    // without asking for one is created, and `kubectl` prints why that is a mistake.
+    let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "visible-devices", "namespace": "default"},
+        "spec": {"containers": [{"name": "app", "image": "busybox",
+                                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}"#;
+    let manifest = env.log_dir.join("visible-devices.json");
+    std::fs::write(&manifest, pod)?;
+    let warned = eventually(
+        Duration::from_secs(30),
+        "the NVIDIA_VISIBLE_DEVICES warning",
+        || async {
+            let out = kubectl(
+                &env,
+                &[
+                    "create",
+                    "--dry-run=server",
+                    "-f",
+                    &manifest.to_string_lossy(),
+                ],
+            )
+            .output()?;
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            ensure!(out.status.success(), "the pod was refused: {stderr}");
+            Ok(stderr
+                .contains("container(s) app set NVIDIA_VISIBLE_DEVICES but ask for no GPU")
+                .then_some(stderr))
+        },
+    )
+    .await?;
+    eprintln!("chart: {}", warned.trim());
 
     // 2. Operator and labeler as processes with the chart's tokens and the chart's env.
     let operator_env = with_kubeconfig(&env, sa_kubeconfig(&env, NS, "gpu-operator", None)?);
