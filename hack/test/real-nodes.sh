@@ -737,6 +737,81 @@ else
   fail "switch on real-gpu-1: $(pod_phase switch)"
 fi
 
+# --- node by node under a Deployment with a PodDisruptionBudget (docs/migration.md) ------------------
+# Both real GPU nodes go dra -> device-plugin -> dra with migration.drain: evict. The labeler hands
+# them over one at a time (cordon, evict through the PDB, switch, wait for the validator, uncordon);
+# the Deployment's 2 replicas ask nvidia.com/gpu: 1, which either plane serves, and keep one running.
+k patch gpucluster gpu-cluster --type merge -p '{"spec": {"migration": {"drain": "evict"}}}' >/dev/null
+k apply -f - >/dev/null <<APP
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: gpu-app, namespace: default}
+spec:
+  maxUnavailable: 1
+  selector: {matchLabels: {app: gpu-app}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: gpu-app, namespace: default}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: gpu-app}}
+  template:
+    metadata: {labels: {app: gpu-app}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+            - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [real-gpu-0, real-gpu-1]}]
+      containers:
+      - name: app
+        image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
+        command: ["sh", "-c", "nvidia-smi -L; exec sleep 3600"]
+        resources:
+          limits: {nvidia.com/gpu: 1}
+APP
+app_running() { k -n default get pods -l app=gpu-app --field-selector status.phase=Running --no-headers 2>/dev/null | grep -c ' 1/1 ' || true; }
+moving() { k get nodes real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.metadata.annotations.gpu-operator-rs\.dev/plane-handover}{"\n"}{end}' | grep -c '"phase":"\(Draining\|WaitingForPlane\)"' || true; }
+# migrate MODE: both nodes set to MODE; prints "fewest-running most-moving both-planes-seen seconds"
+# once both are ready on MODE with 2 replicas running, sampling every second.
+migrate() {
+  local mode=$1 t0=$SECONDS least=2 most=0 both=0 n r m
+  k label node real-gpu-0 real-gpu-1 "nvidia.com/gpu-operator.resource-allocation.mode=$mode" --overwrite >/dev/null
+  while ((SECONDS - t0 < 420)); do
+    r="$(app_running)"
+    m="$(moving)"
+    ((r < least)) && least=$r
+    ((m > most)) && most=$m
+    for n in real-gpu-0 real-gpu-1; do
+      [[ -n "$(label_of "$n" dra-driver)" && -n "$(label_of "$n" device-plugin)" ]] && both=1
+    done
+    if [[ "$(stack_of real-gpu-0)" == "$mode true " && "$(stack_of real-gpu-1)" == "$mode true " && "$r" == 2 ]]; then
+      echo "$least $most $both $((SECONDS - t0))"
+      return 0
+    fi
+    sleep 1
+  done
+  echo "$least $most $both timeout"
+  return 1
+}
+two_running() { [[ "$(app_running)" == 2 ]]; }
+if wait_until 180 two_running; then
+  for mode in device-plugin dra; do
+    if result="$(migrate "$mode")" && read -r least most both secs <<<"$result" &&
+      ((least >= 1 && most == 1 && both == 0)); then
+      pass "both real nodes handed over to $mode one at a time in ${secs}s under a 2-replica Deployment with a PDB (drain: evict): at least $least replica running throughout, at most $most node between planes, never both planes' plugins on a node, readiness labels $mode on both"
+    else
+      fail "hand-over to $mode (fewest running, most moving, both planes seen, seconds): $result; nodes: $(stack_of real-gpu-0) / $(stack_of real-gpu-1); $(k get events -A --field-selector involvedObject.kind=Node --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Handover|PlaneSwitched' | tail -4 | tr '\n' ' ')"
+    fi
+  done
+else
+  fail "gpu-app replicas before the hand-over: $(k -n default get pods -l app=gpu-app -o wide --no-headers 2>&1 | tr '\n' ';')"
+fi
+k -n default delete deployment gpu-app --wait=false >/dev/null
+k -n default delete pdb gpu-app >/dev/null
+
 # Uninstall: nothing of ours is left on the nodes or in the API.
 k -n default delete pod gpu-workload two-gpus after-restart --wait=true >/dev/null
 t0=$SECONDS
