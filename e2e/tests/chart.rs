@@ -240,22 +240,18 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "visible-devices", "namespace": "default"},
         "spec": {"containers": [{"name": "app", "image": "busybox",
                                  "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}"#;
-    let manifest = env.log_dir.join("visible-devices.json");
-    std::fs::write(&manifest, pod)?;
     let warned = eventually(
         Duration::from_secs(30),
         "the NVIDIA_VISIBLE_DEVICES warning",
         || async {
-            let out = kubectl(
-                &env,
-                &[
-                    "create",
-                    "--dry-run=server",
-                    "-f",
-                    &manifest.to_string_lossy(),
-                ],
-            )
-            .output()?;
+            let mut child = kubectl(&env, &["create", "--dry-run=server", "-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .context("running kubectl")?;
+            std::io::Write::write_all(&mut child.stdin.take().context("stdin")?, pod.as_bytes())?;
+            let out = child.wait_with_output()?;
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
             ensure!(out.status.success(), "the pod was refused: {stderr}");
             Ok(stderr

@@ -361,6 +361,9 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         deadline_secs: i64::from(migration.progress_deadline_seconds),
         generation,
         may_start: admission.is_ok(),
+        served: gpu_cluster
+            .as_ref()
+            .is_some_and(|gc| gc.metadata.deletion_timestamp.is_none()),
     });
     let record = handover_record(&step);
     if let Some(Some(h)) = &record {

@@ -222,7 +222,9 @@ pub fn for_step(
         Step::Cancel { .. } => event(
             n,
             "HandoverCancelled",
-            "the policy no longer asks for another plane; node left on its plane".into(),
+            "hand-over stopped: the policy no longer asks for another plane, or no GPUCluster \
+             serves the node any more; node uncordoned (when the hand-over had cordoned it)"
+                .into(),
             ACTION,
         ),
         Step::Release => event(

@@ -30,6 +30,10 @@ pub struct Inputs<'a> {
     /// A new hand-over may start: fewer than `maxUnavailable` nodes are between planes and no
     /// rollback of this generation paused the rollout.
     pub may_start: bool,
+    /// A `GPUCluster` exists and is not being deleted. Without one no hand-over starts, and one
+    /// under way is forgotten (the node uncordoned): nothing is left to hand it over to, and an
+    /// uninstall must not leave nodes cordoned.
+    pub served: bool,
 }
 
 /// What to do with the node now.
@@ -105,10 +109,19 @@ pub fn step(i: &Inputs<'_>) -> Step {
     let Some(state) = i.state else {
         return match i.switch {
             None => Step::Idle,
+            Some(_) if !i.served => Step::Idle,
             Some(_) if !i.may_start => Step::Queued,
             Some((from, to)) => Step::Start { from, to },
         };
     };
+    if !i.served {
+        return match state.phase {
+            Phase::RolledBack => Step::Release,
+            Phase::Draining | Phase::WaitingForPlane => Step::Cancel {
+                uncordon: state.cordoned,
+            },
+        };
+    }
     match state.phase {
         Phase::RolledBack if state.pinned(i.generation).is_some() => Step::Idle,
         Phase::RolledBack => Step::Release,
@@ -199,6 +212,7 @@ mod tests {
             deadline_secs: 600,
             generation: 2,
             may_start: true,
+            served: true,
         }
     }
 
@@ -380,6 +394,30 @@ mod tests {
             ..inputs(Some(&marker), None)
         };
         assert_eq!(step(&edited), Step::Release);
+    }
+
+    #[test]
+    fn without_a_gpucluster_nothing_starts_and_a_hand_over_under_way_is_dropped() {
+        fn gone(state: Option<&Handover>) -> Step {
+            step(&Inputs {
+                served: false,
+                ..inputs(state, Some((DP, Dra)))
+            })
+        }
+        assert_eq!(gone(None), Step::Idle);
+        for phase in [Phase::Draining, Phase::WaitingForPlane] {
+            let state = record(phase, NOW);
+            assert_eq!(
+                gone(Some(&state)),
+                Step::Cancel { uncordon: true },
+                "{phase:?}"
+            );
+        }
+        let marker = Handover {
+            rollback: rollback(2),
+            ..record(Phase::RolledBack, NOW)
+        };
+        assert_eq!(gone(Some(&marker)), Step::Release);
     }
 
     #[test]
