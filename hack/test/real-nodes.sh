@@ -772,12 +772,15 @@ spec:
         resources:
           limits: {nvidia.com/gpu: 1}
 APP
-app_running() { k -n default get pods -l app=gpu-app --field-selector status.phase=Running --no-headers 2>/dev/null | grep -c ' 1/1 ' || true; }
+# Replicas Running and not being deleted (an evicted pod stays Running while it terminates).
+app_running() { k -n default get pods -l app=gpu-app -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}|{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c '^|Running$' || true; }
 moving() { k get nodes real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.metadata.annotations.gpu-operator-rs\.dev/plane-handover}{"\n"}{end}' | grep -c '"phase":"\(Draining\|WaitingForPlane\)"' || true; }
-# migrate MODE: both nodes set to MODE; prints "fewest-running most-moving both-planes-seen seconds"
-# once both are ready on MODE with 2 replicas running, sampling every second.
+app_pods() { k -n default get pods -l app=gpu-app -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
+# migrate MODE: both nodes set to MODE; prints "fewest-running most-moving both-planes-seen seconds
+# replicas-replaced" once both are ready on MODE with 2 replicas running, sampling every second.
 migrate() {
-  local mode=$1 t0=$SECONDS least=2 most=0 both=0 n r m
+  local mode=$1 t0=$SECONDS least=2 most=0 both=0 n r m before
+  before="$(app_pods)"
   k label node real-gpu-0 real-gpu-1 "nvidia.com/gpu-operator.resource-allocation.mode=$mode" --overwrite >/dev/null
   while ((SECONDS - t0 < 420)); do
     r="$(app_running)"
@@ -788,7 +791,8 @@ migrate() {
       [[ -n "$(label_of "$n" dra-driver)" && -n "$(label_of "$n" device-plugin)" ]] && both=1
     done
     if [[ "$(stack_of real-gpu-0)" == "$mode true " && "$(stack_of real-gpu-1)" == "$mode true " && "$r" == 2 ]]; then
-      echo "$least $most $both $((SECONDS - t0))"
+      # Every replica held a GPU of the plane its node left, so each was evicted and replaced.
+      echo "$least $most $both $((SECONDS - t0)) $(grep -cvxF -f <(app_pods) <<<"$before" || true)"
       return 0
     fi
     sleep 1
@@ -799,11 +803,11 @@ migrate() {
 two_running() { [[ "$(app_running)" == 2 ]]; }
 if wait_until 180 two_running; then
   for mode in device-plugin dra; do
-    if result="$(migrate "$mode")" && read -r least most both secs <<<"$result" &&
-      ((least >= 1 && most == 1 && both == 0)); then
-      pass "both real nodes handed over to $mode one at a time in ${secs}s under a 2-replica Deployment with a PDB (drain: evict): at least $least replica running throughout, at most $most node between planes, never both planes' plugins on a node, readiness labels $mode on both"
+    if result="$(migrate "$mode")" && read -r least most both secs replaced <<<"$result" &&
+      ((least >= 1 && most == 1 && both == 0 && replaced == 2)); then
+      pass "both real nodes handed over to $mode one at a time in ${secs}s under a 2-replica Deployment with a PDB (drain: evict): both replicas evicted and replaced, at least $least running at every sample, at most $most node between planes, never both planes' plugins on a node, readiness labels $mode on both"
     else
-      fail "hand-over to $mode (fewest running, most moving, both planes seen, seconds): $result; nodes: $(stack_of real-gpu-0) / $(stack_of real-gpu-1); $(k get events -A --field-selector involvedObject.kind=Node --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Handover|PlaneSwitched' | tail -4 | tr '\n' ' ')"
+      fail "hand-over to $mode (fewest running, most moving, both planes seen, seconds, replicas replaced): $result; nodes: $(stack_of real-gpu-0) / $(stack_of real-gpu-1); $(k get events -A --field-selector involvedObject.kind=Node --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Handover|PlaneSwitched' | tail -4 | tr '\n' ' ')"
     fi
   done
 else

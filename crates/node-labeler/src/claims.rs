@@ -16,20 +16,26 @@ fn is_live(pod: &Pod) -> bool {
     !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// Names of the ResourceClaims a pod uses: generated from templates (from its status) and named
-/// directly (from its spec).
+/// Names of the ResourceClaims a pod uses: generated from templates (from its status), made by
+/// the scheduler for its extended resources (`nvidia.com/gpu` on a DRA node, from its status), and
+/// named directly (from its spec).
 fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
     let generated = pod
         .status
         .iter()
         .flat_map(|s| s.resource_claim_statuses.iter().flatten())
         .filter_map(|c| c.resource_claim_name.as_deref());
+    let extended = pod
+        .status
+        .iter()
+        .filter_map(|s| s.extended_resource_claim_status.as_ref())
+        .map(|c| c.resource_claim_name.as_str());
     let named = pod
         .spec
         .iter()
         .flat_map(|s| s.resource_claims.iter().flatten())
         .filter_map(|c| c.resource_claim_name.as_deref());
-    generated.chain(named)
+    generated.chain(extended).chain(named)
 }
 
 /// Whether the claim has a device allocated by our driver (admin-access results included).
@@ -137,19 +143,22 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn claim_names_come_from_status_and_spec_and_terminal_pods_do_not_count() {
+    fn claim_names_come_from_status_extended_resources_and_spec_and_terminal_pods_do_not_count() {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "ns"},
             "spec": {"containers": [], "resourceClaims": [
                 {"name": "a", "resourceClaimName": "shared-claim"},
                 {"name": "b", "resourceClaimTemplateName": "tmpl"}]},
             "status": {"phase": "Running", "resourceClaimStatuses": [
-                {"name": "b", "resourceClaimName": "p-b-x7k2"}]}
+                {"name": "b", "resourceClaimName": "p-b-x7k2"}],
+                "extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-q9",
+                    "requestMappings": [{"containerName": "c", "resourceName": "nvidia.com/gpu",
+                                         "requestName": "container-0-request-0"}]}}
         }))
         .unwrap();
         assert_eq!(
             claim_names(&pod).collect::<Vec<_>>(),
-            ["p-b-x7k2", "shared-claim"]
+            ["p-b-x7k2", "p-extended-resources-q9", "shared-claim"]
         );
         assert!(is_live(&pod));
         for phase in ["Succeeded", "Failed"] {
