@@ -5,6 +5,7 @@
 //! No I/O happens in this crate.
 
 pub mod contract;
+pub mod coverage;
 pub mod gpucluster;
 pub mod handover;
 pub mod image;

@@ -1,7 +1,7 @@
 //! The controller: watches Nodes (metadata only) and the GPUCluster, plans each node's labels and
 //! writes only what changed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -168,11 +168,34 @@ struct Context {
     /// Nodes this process started handing over that the node cache may not show yet; held while
     /// a start is decided, so two reconciles never take the last slot together.
     started: tokio::sync::Mutex<BTreeSet<String>>,
+    /// Why no plane serves each node this process told about in a `NoGPUPlane` Event, so it is
+    /// told once per change, not once per reconcile.
+    no_plane_told: std::sync::Mutex<BTreeMap<String, String>>,
     recorder: Recorder,
     metrics: Metrics,
 }
 
 impl Context {
+    /// The `NoGPUPlane` Event for `node`, when why no plane serves it changed since last told.
+    fn no_plane_news(
+        &self,
+        node: &str,
+        no_plane: Option<&api::coverage::NoPlane>,
+    ) -> Option<kube::runtime::events::Event> {
+        let mut told = self.no_plane_told.lock().unwrap_or_else(|e| e.into_inner());
+        match no_plane {
+            None => {
+                told.remove(node);
+                None
+            }
+            Some(n) if told.get(node) == Some(&n.why) => None,
+            Some(n) => {
+                told.insert(node.to_owned(), n.why.clone());
+                Some(events::no_plane(n))
+            }
+        }
+    }
+
     fn gpu_cluster(&self) -> Option<Arc<GPUCluster>> {
         self.gpu_clusters
             .state()
@@ -461,11 +484,17 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         queue.as_ref(),
         i64::from(migration.progress_deadline_seconds),
     );
+    let after = plan.labels_after(labels);
+    let no_plane = (cluster.any_plane_served() && plan::is_gpu_node(&after))
+        .then(|| api::coverage::unserved(&after, cluster.serves(AllocationMode::DevicePlugin)))
+        .flatten();
+    let no_plane_event = ctx.no_plane_news(&name, no_plane.as_ref());
     for event in plan
         .findings
         .iter()
         .map(events::for_finding)
         .chain(step_event)
+        .chain(no_plane_event)
     {
         if let Err(e) = ctx.recorder.publish(&event, &reference).await {
             tracing::warn!(node = %name, error = %e, "publishing an event failed");
@@ -666,6 +695,7 @@ pub async fn run(
         validators: validator_reader,
         cluster_policy,
         started: tokio::sync::Mutex::default(),
+        no_plane_told: std::sync::Mutex::default(),
         metrics,
     });
     // Bounded concurrency: thousands of new nodes must not become thousands of parallel requests

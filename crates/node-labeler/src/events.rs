@@ -19,6 +19,20 @@ fn event(type_: EventType, reason: &str, note: String, action: &str) -> Event {
     }
 }
 
+/// The Event of a GPU node that neither plane serves, saying why and what changes it.
+pub fn no_plane(no_plane: &api::coverage::NoPlane) -> Event {
+    event(
+        if no_plane.by_choice {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        },
+        "NoGPUPlane",
+        format!("no GPU plane serves this node: {}", no_plane.why),
+        "Labeling",
+    )
+}
+
 /// The Event of a plan's finding.
 pub fn for_finding(finding: &Finding) -> Event {
     match finding {

@@ -64,6 +64,11 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// Whether a CR of either plane exists, so GPU nodes are expected to be served.
+    pub fn any_plane_served(&self) -> bool {
+        self.mode_for_new_nodes().is_some()
+    }
+
     /// The mode a GPU node without one gets: the only plane served, or the default when both are
     /// (by one CR or two).
     fn mode_for_new_nodes(&self) -> Option<AllocationMode> {
@@ -78,7 +83,8 @@ impl Cluster {
         }
     }
 
-    fn serves(&self, mode: AllocationMode) -> bool {
+    /// Whether a CR serves `mode` on the nodes in it.
+    pub fn serves(&self, mode: AllocationMode) -> bool {
         match mode {
             AllocationMode::Dra => self.gpu_cluster,
             AllocationMode::DevicePlugin => {
@@ -196,6 +202,18 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The node's labels once the plan is written.
+    pub fn labels_after(&self, labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut after = labels.clone();
+        for (key, want) in &self.labels {
+            match want {
+                Some(v) => after.insert(key.clone(), v.clone()),
+                None => after.remove(key),
+            };
+        }
+        after
+    }
+
     /// Whether the node needs a write.
     pub fn has_changes(&self) -> bool {
         !self.labels.is_empty() || !self.annotations.is_empty()
