@@ -3,7 +3,10 @@
 
 pub mod cleanup;
 pub mod controller;
+pub mod coverage;
 pub mod diff;
+pub mod features;
+pub mod pending;
 pub mod pod_creation;
 pub mod quotas;
 pub mod render;

@@ -101,6 +101,12 @@ pub struct Observed {
     pub unlabelled_gpu_nodes: i32,
     /// Hand-overs between planes.
     pub migration: MigrationStatus,
+    /// What the apiserver serves of each DRA feature.
+    pub features: crate::features::Support,
+    /// GPU nodes no plane serves, and why.
+    pub unserved: crate::coverage::Unserved,
+    /// Nodes held on DRA by their claims, with when the hold began (Unix seconds).
+    pub held_on_dra: Vec<(String, i64)>,
 }
 
 /// Reason of a Ready condition that waits for operands to start.
@@ -214,22 +220,34 @@ pub fn status(
     let error_reason = if ready { "Ready" } else { reason };
     // Waiting is not an error; a problem is.
     let error_status = !ready && reason != OPERAND_NOT_READY && reason != NODES_NOT_LABELLED;
+    let reports = [
+        ("DRAFeaturesServed", observed.features.condition()),
+        ("GPUNodesUnserved", observed.unserved.condition()),
+        (
+            "NodesHeldOnDRA",
+            crate::coverage::held_condition(&observed.held_on_dra),
+        ),
+    ];
+    let mut conditions = vec![
+        condition("Ready", ready, reason, &message, generation, old, now),
+        condition(
+            "Error",
+            error_status,
+            error_reason,
+            if error_status { &message } else { "" },
+            generation,
+            old,
+            now,
+        ),
+        migration_paused(&observed.migration, generation, old, now),
+    ];
+    conditions.extend(reports.iter().map(|(type_, (status, reason, message))| {
+        condition(type_, *status, reason, message, generation, old, now)
+    }));
     GPUClusterStatus {
         state: Some(if ready { State::Ready } else { State::NotReady }),
         namespace: Some(observed.namespace.clone()),
-        conditions: vec![
-            condition("Ready", ready, reason, &message, generation, old, now),
-            condition(
-                "Error",
-                error_status,
-                error_reason,
-                if error_status { &message } else { "" },
-                generation,
-                old,
-                now,
-            ),
-            migration_paused(&observed.migration, generation, old, now),
-        ],
+        conditions,
         operands: observed.operands.clone(),
         nodes: Some(observed.nodes.clone()),
         migration: (observed.migration != MigrationStatus::default())

@@ -1,4 +1,9 @@
-//! Which optional APIs the cluster serves.
+//! Which optional APIs and DRA features the cluster serves.
+
+use kube::Api;
+use kube::api::{DynamicObject, PostParams};
+
+use crate::features::{Feature, Probe, Support};
 
 /// What the discovery API says about the cluster.
 pub(super) struct Served {
@@ -30,27 +35,90 @@ pub(super) async fn served(client: &kube::Client) -> Served {
     }
 }
 
-/// Whether the apiserver keeps `DeviceClass.spec.extendedResourceName` (feature DRAExtendedResource,
-/// beta and on by default in 1.36): a server-side dry-run create of a class with the field, which
-/// an apiserver with the feature off drops.
-pub(super) async fn extended_resources_served(client: &kube::Client) -> Result<bool, kube::Error> {
-    use k8s_openapi::api::resource::v1::{DeviceClass, DeviceClassSpec};
-    let probe = DeviceClass {
-        metadata: kube::api::ObjectMeta {
-            generate_name: Some("gpu-operator-probe-".into()),
-            ..Default::default()
-        },
-        spec: DeviceClassSpec {
-            extended_resource_name: Some("gpu-operator-rs.dev/probe".into()),
-            ..Default::default()
-        },
+/// What the apiserver serves of each DRA feature, found by server-side dry-run creates of objects
+/// that set the feature's field: an apiserver with the feature's gate off drops the field and
+/// still accepts the object. Nothing is stored. The ResourceSlice probes name a driver and a node
+/// no plugin uses.
+pub(super) async fn features(client: &kube::Client) -> Support {
+    use serde_json::json;
+    let slice = |spec: serde_json::Value| {
+        let mut spec = spec;
+        spec["driver"] = json!("probe.gpu-operator-rs.dev");
+        spec["nodeName"] = json!("gpu-operator-feature-probe");
+        spec["pool"] = json!({"name": "probe", "generation": 0, "resourceSliceCount": 1});
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+               "metadata": {"generateName": "gpu-operator-probe-"}, "spec": spec})
     };
-    let params = kube::api::PostParams {
+    let device = |fields: serde_json::Value| {
+        let mut device = fields;
+        device["name"] = json!("gpu-0");
+        slice(json!({"devices": [device]}))
+    };
+    let probes = [
+        (
+            Feature::ExtendedResource,
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                   "metadata": {"generateName": "gpu-operator-probe-"},
+                   "spec": {"extendedResourceName": "gpu-operator-rs.dev/probe"}}),
+            "/spec/extendedResourceName",
+        ),
+        (
+            Feature::DeviceTaints,
+            device(
+                json!({"taints": [{"key": "gpu-operator-rs.dev/probe", "effect": "NoSchedule"}]}),
+            ),
+            "/spec/devices/0/taints",
+        ),
+        (
+            Feature::ConsumableCapacity,
+            device(json!({"allowMultipleAllocations": true})),
+            "/spec/devices/0/allowMultipleAllocations",
+        ),
+        (
+            Feature::PartitionableDevices,
+            slice(
+                json!({"sharedCounters": [{"name": "probe", "counters": {"memory": {"value": "1"}}}]}),
+            ),
+            "/spec/sharedCounters",
+        ),
+        (
+            Feature::BindingConditions,
+            device(json!({"bindsToNode": true, "bindingConditions": ["probe"],
+                          "bindingFailureConditions": ["probe-failed"]})),
+            "/spec/devices/0/bindingConditions",
+        ),
+    ];
+    let mut support = Support::default();
+    for (feature, object, field) in probes {
+        support
+            .0
+            .insert(feature, dry_run(client, object, field).await);
+    }
+    support
+}
+
+/// Creates `object` by server-side dry-run and says whether the answer kept `field` (a JSON
+/// pointer).
+async fn dry_run(client: &kube::Client, object: serde_json::Value, field: &str) -> Probe {
+    let kind = object["kind"].as_str().unwrap_or_default().to_owned();
+    let resource = super::apply::resource("resource.k8s.io/v1", &kind);
+    let object: DynamicObject = match serde_json::from_value(object) {
+        Ok(o) => o,
+        Err(e) => return Probe::Unknown(e.to_string()),
+    };
+    let params = PostParams {
         dry_run: true,
-        ..Default::default()
+        field_manager: Some(super::FIELD_MANAGER.into()),
     };
-    let answer = kube::Api::<DeviceClass>::all(client.clone())
-        .create(&params, &probe)
-        .await?;
-    Ok(answer.spec.extended_resource_name.is_some())
+    match Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&params, &object)
+        .await
+    {
+        Ok(answer) => match serde_json::to_value(&answer) {
+            Ok(v) if v.pointer(field).is_some_and(|f| !f.is_null()) => Probe::Served,
+            Ok(_) => Probe::Missing,
+            Err(e) => Probe::Unknown(e.to_string()),
+        },
+        Err(e) => Probe::Unknown(format!("a dry-run create of a {kind} failed: {e}")),
+    }
 }

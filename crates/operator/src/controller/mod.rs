@@ -24,6 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 
+use crate::features::{Feature, Probe, Support};
 use crate::pod_creation;
 use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
 use crate::status::{self, Observed, Problem};
@@ -69,12 +70,19 @@ pub enum Error {
         /// The API error.
         source: kube::Error,
     },
+    /// Whether the apiserver keeps `DeviceClass.spec.extendedResourceName` is not known, and
+    /// guessing "no" would strip it from the live class.
+    #[error(
+        "asking whether DeviceClass.spec.extendedResourceName is served (a dry-run create): {0}"
+    )]
+    FeatureUnknown(String),
 }
 
 impl Error {
     fn metric_label(&self) -> &'static str {
         match self {
             Error::Api { .. } => "api",
+            Error::FeatureUnknown(_) => "feature_unknown",
         }
     }
 }
@@ -89,13 +97,37 @@ struct Context {
     settings: Settings,
     recorder: Recorder,
     metrics: Metrics,
-    /// Whether the apiserver serves `DeviceClass.spec.extendedResourceName`, once known.
-    extended_resources: tokio::sync::OnceCell<bool>,
+    /// What the apiserver serves of each DRA feature, and when that was probed.
+    features: tokio::sync::Mutex<Option<(std::time::Instant, Support)>>,
     /// Whether a `ClusterPolicy` exists (known before the first reconcile).
     cluster_policy: tokio::sync::watch::Receiver<Option<bool>>,
 }
 
+/// How long a probe of the apiserver's DRA features is trusted: a gate switched on by an apiserver
+/// upgrade shows within this; a probe that failed is retried sooner.
+const FEATURES_FRESH: Duration = Duration::from_secs(600);
+const FEATURES_RETRY: Duration = Duration::from_secs(60);
+
 impl Context {
+    /// What the apiserver serves of each DRA feature, probed again once the last answer is stale.
+    async fn features(&self) -> Support {
+        let mut cached = self.features.lock().await;
+        if let Some((at, support)) = cached.as_ref() {
+            let all_known = support.0.values().all(|p| !matches!(p, Probe::Unknown(_)));
+            let fresh = if all_known {
+                FEATURES_FRESH
+            } else {
+                FEATURES_RETRY
+            };
+            if at.elapsed() < fresh {
+                return support.clone();
+            }
+        }
+        let support = discovery::features(&self.client).await;
+        *cached = Some((std::time::Instant::now(), support.clone()));
+        support
+    }
+
     async fn event(&self, gc: &GPUCluster, type_: EventType, reason: &str, mut note: String) {
         // The API rejects notes over 1 KiB; keep the start, which names the object.
         if note.len() > 1000 {
@@ -150,24 +182,22 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     ensure_admin_access_label(&ctx).await?;
 
     let cluster_policy = ctx.cluster_policy.borrow().unwrap_or(false);
+    observed.features = ctx.features().await;
+    // Unknown is an error (retried), never "not served": that would strip the field from the
+    // live class.
+    let extended_resources_served = match observed.features.0.get(&Feature::ExtendedResource) {
+        Some(Probe::Served) => true,
+        Some(Probe::Missing) => false,
+        Some(Probe::Unknown(why)) => return Err(Error::FeatureUnknown(why.clone())),
+        None => return Err(Error::FeatureUnknown("not probed".into())),
+    };
     let inputs = Inputs {
         namespace: &ctx.settings.namespace,
         images: &ctx.settings.images,
         facts: ClusterFacts {
             service_monitors_served: served.service_monitors,
             cluster_policy,
-            // Unknown is an error (retried), never "not served": that would strip the field
-            // from the live class.
-            extended_resources_served: *ctx
-                .extended_resources
-                .get_or_try_init(|| async {
-                    discovery::extended_resources_served(&ctx.client)
-                        .await
-                        .map_err(api_err(
-                            "asking whether DeviceClass.spec.extendedResourceName is served (a dry-run create)",
-                        ))
-                })
-                .await?,
+            extended_resources_served,
         },
     };
     let desired = render::desired(&gc.spec, &inputs);
@@ -225,9 +255,12 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         ready_plugins,
         &selectors,
         gc.metadata.generation.unwrap_or(0),
+        cluster_policy || gc.spec.device_plugin.enabled,
     )
     .await?;
     observed.nodes = survey.counts;
+    observed.unserved = survey.unserved;
+    observed.held_on_dra = survey.held_on_dra;
     observed.unlabelled_gpu_nodes = survey.unlabelled;
     observed.migration = survey.migration;
     for (ds, labelled) in daemonsets.iter().zip(survey.selected) {
@@ -285,15 +318,19 @@ pub async fn run(
     let changes = futures::stream::unfold(cluster_policy.clone(), |mut rx| async move {
         rx.changed().await.ok().map(|()| ((), rx))
     });
+    let pending_pods = crate::pending::run(
+        client.clone(),
+        Recorder::new(client.clone(), reporter.clone()),
+    );
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         settings,
         metrics,
-        extended_resources: tokio::sync::OnceCell::new(),
+        features: tokio::sync::Mutex::new(None),
         cluster_policy,
     });
-    Controller::new(
+    let controller = Controller::new(
         Api::<GPUCluster>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -337,6 +374,10 @@ pub async fn run(
             tracing::debug!(error = %e, "controller event");
         }
         futures::future::ready(())
-    })
-    .await;
+    });
+    // The pending-pod explainer lives as long as the controller (which ends on shutdown).
+    tokio::select! {
+        () = controller => {}
+        () = pending_pods => {}
+    }
 }

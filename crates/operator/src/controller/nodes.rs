@@ -13,6 +13,7 @@ use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Api, ResourceExt};
 
+use crate::coverage::{self, Unserved};
 use crate::status;
 
 use super::{Context, Error, api_err};
@@ -45,6 +46,10 @@ pub(super) struct NodeSurvey {
     pub(super) selected: Vec<i32>,
     /// Hand-overs between planes the nodes record.
     pub(super) migration: MigrationStatus,
+    /// GPU nodes no plane serves, and why.
+    pub(super) unserved: Unserved,
+    /// Nodes held on DRA by their claims, with when the hold began.
+    pub(super) held_on_dra: Vec<(String, i64)>,
 }
 
 /// Nodes listed in `status.migration.inProgress` at most.
@@ -52,14 +57,18 @@ const LISTED_HANDOVERS: usize = 50;
 
 /// Counts GPU nodes, those in each mode, those with no allocation mode yet, and for each of
 /// `selectors` the GPU nodes it selects; collects hand-overs in progress and rollbacks of
-/// `generation`.
+/// `generation`, nodes held on DRA, and nodes no plane serves (`device_plugin_served`: something
+/// serves the device-plugin plane).
 pub(super) async fn node_counts(
     ctx: &Context,
     ready: ReadyPlugins,
     selectors: &[BTreeMap<String, String>],
     generation: i64,
+    device_plugin_served: bool,
 ) -> Result<NodeSurvey, Error> {
     let mut migration = MigrationStatus::default();
+    let mut unserved = Unserved::default();
+    let mut held_on_dra = Vec::new();
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(ctx.client.clone());
     let selector = format!("{}=true", l::GPU_PRESENT);
     let (mut gpu, mut dra, mut device_plugin) = (0usize, 0usize, 0usize);
@@ -78,7 +87,12 @@ pub(super) async fn node_counts(
             .map_err(api_err("listing GPU nodes"))?;
         gpu += page.items.len();
         for node in &page.items {
-            unlabelled += i32::from(!node.labels().contains_key(l::ALLOCATION_MODE));
+            match api::coverage::unserved(node.labels(), device_plugin_served) {
+                Some(no_plane) => unserved.add(&node.name_any(), no_plane.why),
+                None => {
+                    unlabelled += i32::from(!node.labels().contains_key(l::ALLOCATION_MODE));
+                }
+            }
             for (count, sel) in selected.iter_mut().zip(selectors) {
                 *count += i32::from(status::selects(sel, node.labels()));
             }
@@ -86,6 +100,9 @@ pub(super) async fn node_counts(
                 .annotations()
                 .get(l::HANDOVER)
                 .and_then(|v| Handover::parse(v));
+            if let Some(h) = handover.as_ref().filter(|h| coverage::held_on_dra(h)) {
+                held_on_dra.push((node.name_any(), h.since));
+            }
             match handover {
                 Some(h) if h.phase.in_progress() => {
                     migration.in_progress.push(h.status(&node.name_any()));
@@ -120,11 +137,14 @@ pub(super) async fn node_counts(
     };
     // The API lists nodes by name, so the first ones listed are kept.
     migration.in_progress.truncate(LISTED_HANDOVERS);
+    held_on_dra.truncate(LISTED_HANDOVERS);
     Ok(NodeSurvey {
         counts,
         unlabelled,
         selected,
         migration,
+        unserved,
+        held_on_dra,
     })
 }
 

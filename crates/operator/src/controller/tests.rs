@@ -103,12 +103,16 @@ impl FakeApi {
             }
             return not_found(path);
         }
-        if method == Method::POST && path == "/apis/resource.k8s.io/v1/deviceclasses" {
-            // The extended-resource probe, a dry run: answered as an apiserver that serves the
-            // field, and not a write.
-            let mut class: Value = serde_json::from_slice(body).unwrap();
-            class["metadata"]["name"] = json!("gpu-operator-probe-x");
-            return reply(StatusCode::CREATED, &class);
+        if method == Method::POST
+            && ["deviceclasses", "resourceslices"]
+                .iter()
+                .any(|c| path == format!("/apis/resource.k8s.io/v1/{c}"))
+        {
+            // The feature probes, dry runs: answered as an apiserver that serves every field, and
+            // not writes.
+            let mut object: Value = serde_json::from_slice(body).unwrap();
+            object["metadata"]["name"] = json!("gpu-operator-probe-x");
+            return reply(StatusCode::CREATED, &object);
         }
         if path.starts_with("/apis/events.k8s.io/") {
             self.writes.lock().unwrap().push(format!("EVENT {path}"));
@@ -172,7 +176,7 @@ impl FakeApi {
                 },
             },
             metrics: Metrics::default(),
-            extended_resources: tokio::sync::OnceCell::new(),
+            features: tokio::sync::Mutex::new(None),
             cluster_policy: tokio::sync::watch::channel(Some(false)).1,
         })
     }
@@ -332,4 +336,65 @@ async fn deletion_drains_claim_consumers_before_the_plugin_then_drops_the_finali
         ["PATCH /apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster"],
         "only the finalizer's removal"
     );
+}
+
+#[tokio::test]
+async fn the_status_names_nodes_held_on_dra_and_gpu_nodes_no_plane_serves() {
+    let api = cluster();
+    let handover = api::handover::Handover {
+        from: api::AllocationMode::Dra,
+        to: api::AllocationMode::DevicePlugin,
+        phase: api::handover::Phase::Draining,
+        since: 1_700_000_000,
+        cordoned: true,
+        rollback: None,
+    };
+    api.put(
+        "/api/v1/nodes/gpu-node-1",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1",
+            "labels": {l::GPU_PRESENT: "true", l::ALLOCATION_MODE: "dra", l::DEPLOY_DRA_DRIVER: "true"},
+            "annotations": {l::HANDOVER: handover.to_annotation()}}}),
+    );
+    api.put(
+        "/api/v1/nodes/gpu-node-2",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-2",
+            "labels": {l::GPU_PRESENT: "true", l::ENABLED: "false"}}}),
+    );
+    reconcile(gpu_cluster(false, None), api.context())
+        .await
+        .unwrap();
+    let status = api.status.lock().unwrap().clone().unwrap();
+    let condition = |type_: &str| {
+        status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {type_} condition in {status:#}"))
+    };
+    let held = condition("NodesHeldOnDRA");
+    assert_eq!(held["status"], "True");
+    assert!(
+        held["message"]
+            .as_str()
+            .unwrap()
+            .contains("node gpu-node-1 (since 2023-11-14T22:13:20Z)"),
+        "{held}"
+    );
+    let unserved = condition("GPUNodesUnserved");
+    assert_eq!(unserved["status"], "True");
+    assert_eq!(
+        unserved["message"],
+        "1 GPU node gets no GPUs from either plane: node gpu-node-2: opted out by \
+         gpu-operator-rs.dev/enabled=false (remove the label to serve it)"
+    );
+    // An opted-out node does not keep the cluster waiting for the labeler.
+    assert_ne!(
+        condition("Ready")["reason"],
+        "NodesNotLabelled",
+        "{status:#}"
+    );
+    let features = condition("DRAFeaturesServed");
+    assert_eq!(features["status"], "True", "{features}");
 }
