@@ -227,16 +227,29 @@ pub struct OwnCluster {
     pub dir: PathBuf,
     port_base: u16,
     runtime_config: String,
+    gates_off: String,
 }
 
 impl OwnCluster {
     /// Starts one GPU node and no CPU node. Without `resource.k8s.io/v1` the Node authorizer cannot
     /// start, so such a cluster authorizes by RBAC alone.
     pub fn up(dir: PathBuf, port_base: u16, runtime_config: &str) -> anyhow::Result<OwnCluster> {
+        Self::up_with_gates_off(dir, port_base, runtime_config, "")
+    }
+
+    /// As [`OwnCluster::up`], with the feature gates `gates_off` ("Gate,Gate") off in every
+    /// component.
+    pub fn up_with_gates_off(
+        dir: PathBuf,
+        port_base: u16,
+        runtime_config: &str,
+        gates_off: &str,
+    ) -> anyhow::Result<OwnCluster> {
         let cluster = OwnCluster {
             dir,
             port_base,
             runtime_config: runtime_config.to_owned(),
+            gates_off: gates_off.to_owned(),
         };
         cluster.run("up")?;
         Ok(cluster)
@@ -250,6 +263,7 @@ impl OwnCluster {
             .env("NODES", "1")
             .env("CPU_NODES", "0")
             .env("APISERVER_RUNTIME_CONFIG", &self.runtime_config)
+            .env("FEATURE_GATES_OFF", &self.gates_off)
             .env("APISERVER_AUTHORIZATION_MODE", "RBAC")
             .stdin(Stdio::null())
             .output()

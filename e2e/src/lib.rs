@@ -367,3 +367,18 @@ pub async fn metric(addr: &str, name: &str) -> anyhow::Result<f64> {
         })
         .with_context(|| format!("metric {name} not found at {addr}"))
 }
+
+/// `(reason, message)` of every Event about the object named `name`.
+pub async fn events_on(
+    events: &Api<k8s_openapi::api::core::v1::Event>,
+    name: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let list = events
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|e| Some((e.reason?, e.message.unwrap_or_default())))
+        .collect())
+}

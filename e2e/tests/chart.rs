@@ -371,6 +371,77 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         );
     }
 
+    // 4b. A pod asking more GPUs than the cluster has (32, the most one request may ask) stays
+    // Pending, and the operator says why on it: the class, the nodes that publish its devices and
+    // how many are free.
+    let greedy: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "chart-e2e-greedy"},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                 "resources": {"claims": [{"name": "gpus"}]}}],
+                 "resourceClaims": [{"name": "gpus", "resourceClaimName": "chart-e2e-greedy"}]}}))?;
+    let claims =
+        Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(admin.clone(), "default");
+    let _ = claims
+        .delete("chart-e2e-greedy", &DeleteParams::default())
+        .await;
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+            "metadata": {"name": "chart-e2e-greedy"},
+            "spec": {"devices": {"requests": [{"name": "gpus",
+                "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 32}}]}}}))?,
+        )
+        .await?;
+    let default_pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let _ = default_pods
+        .delete("chart-e2e-greedy", &DeleteParams::default().grace_period(0))
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        "the last greedy pod gone",
+        || async {
+            Ok(default_pods
+                .get_opt("chart-e2e-greedy")
+                .await?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await?;
+    let greedy = default_pods.create(&PostParams::default(), &greedy).await?;
+    let greedy_uid = greedy.uid().unwrap_or_default();
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let (_, why) = eventually(
+        Duration::from_secs(60),
+        "a GPUsUnavailable Event on the pending pod",
+        || async {
+            // Events of an earlier run's pod of the same name are not this one's.
+            let list = events
+                .list(&ListParams::default().fields(&format!("involvedObject.uid={greedy_uid}")))
+                .await?;
+            Ok(list.items.into_iter().find_map(|e| {
+                (e.reason.as_deref() == Some("GPUsUnavailable"))
+                    .then(|| ((), e.message.unwrap_or_default()))
+            }))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    eprintln!("chart: pending pod told: {why}");
+    ensure!(
+        why.contains("publish devices of DeviceClass gpu.nvidia.com")
+            && gpu_nodes.iter().all(|n| why.contains(n.as_str()))
+            && why.contains("the pod's claims ask 32"),
+        "unexpected note: {why}"
+    );
+    default_pods
+        .delete("chart-e2e-greedy", &DeleteParams::default().grace_period(0))
+        .await?;
+    claims
+        .delete("chart-e2e-greedy", &DeleteParams::default())
+        .await?;
+
     // 5. One forbidden action per ServiceAccount.
     let (own, other) = (gpu_nodes[0].as_str(), gpu_nodes[1].as_str());
     let plugin0 = client_from(&plugin_kubeconfigs[own]).await?;

@@ -197,18 +197,6 @@ async fn settled_on(nodes: &Api<Node>, name: &str, mode: &str) -> anyhow::Result
     Ok(done.then_some(node))
 }
 
-/// `(reason, message)` of every Event on the node.
-async fn events_on(events: &Api<Event>, node: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let list = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|e| Some((e.reason?, e.message.unwrap_or_default())))
-        .collect())
-}
-
 fn has_event(seen: &[(String, String)], reason: &str, text: &str) -> bool {
     seen.iter().any(|(r, m)| r == reason && m.contains(text))
 }
@@ -349,7 +337,7 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
         "a replica ran throughout: {watch:?}"
     );
     for name in NODES {
-        let seen = events_on(&events, name).await?;
+        let seen = e2e::events_on(&events, name).await?;
         for reason in ["HandoverStarted", "PlaneSwitched", "HandoverComplete"] {
             assert!(has_event(&seen, reason, ""), "{reason} on {name}: {seen:?}");
         }
@@ -396,7 +384,7 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
         reason.contains("device-plugin plane was not ready within 8s"),
         "{reason}"
     );
-    let seen = events_on(&events, failed).await?;
+    let seen = e2e::events_on(&events, failed).await?;
     assert!(
         has_event(&seen, "HandoverRolledBack", "going back to the dra plane"),
         "{seen:?}"
@@ -420,7 +408,7 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
         Duration::from_secs(20),
         &format!("{other} queued behind the rollback"),
         || async {
-            let seen = events_on(&events, other).await?;
+            let seen = e2e::events_on(&events, other).await?;
             let text = format!("node {failed} was rolled back");
             Ok(has_event(&seen, "HandoverPaused", &text).then_some(()))
         },

@@ -15,7 +15,7 @@ use e2e::{
     install_crd, kwok_gpu_node, metric, set_spec, uninstall_cluster_policy,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -248,6 +248,41 @@ async fn cluster_policy_and_default_mode_on_the_local_cluster() -> anyhow::Resul
         !a.annotations()
             .contains_key(api::contract::labels::CHOSEN_MODE)
     );
+
+    // A node opted out is served by no plane: the labeler says why on the node, once, and the
+    // GPUCluster names it.
+    let opt_out = json!({"metadata": {"labels": {l::ENABLED: "false"}}});
+    nodes
+        .patch("planes-b", &PatchParams::default(), &Patch::Merge(&opt_out))
+        .await?;
+    let events: Api<Event> = Api::all(client.clone());
+    eventually(
+        Duration::from_secs(30),
+        "a NoGPUPlane Event on planes-b",
+        || async {
+            let seen = e2e::events_on(&events, "planes-b").await?;
+            Ok(seen
+                .into_iter()
+                .find(|(reason, message)| reason == "NoGPUPlane" && message.contains("opted out")))
+        },
+    )
+    .await
+    .with_context(|| labeler.log_tail())?;
+    let unserved = eventually(
+        Duration::from_secs(30),
+        "GPUNodesUnserved naming planes-b",
+        || async {
+            let status = gcs.get("gpu-cluster").await?.status.unwrap_or_default();
+            Ok(status.conditions.into_iter().find(|c| {
+                c.type_ == "GPUNodesUnserved"
+                    && c.status == "True"
+                    && c.message.contains("node planes-b: opted out")
+            }))
+        },
+    )
+    .await
+    .with_context(|| operator.log_tail())?;
+    eprintln!("GPUNodesUnserved: {}", unserved.message);
 
     // Clean up while the operator runs (its finalizer holds the GPUCluster until it drains).
     gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
