@@ -606,10 +606,20 @@ if wait_until 120 running switch; then
   else
     fail "switch under a running pod: dra-validator '$(label_of real-gpu-1 dra-validator)', dra-driver '$(label_of real-gpu-1 dra-driver)', device-plugin '$(label_of real-gpu-1 device-plugin)', stack/complete/unschedulable '$(stack_of real-gpu-1)'"
   fi
+  held_on_dra() { k get gpucluster gpu-cluster -o jsonpath="{.status.conditions[?(@.type==\"NodesHeldOnDRA\")].$1}"; }
+  held_reported() { [[ "$(held_on_dra message)" == *"node real-gpu-1 "* ]]; }
+  hold_over() { [[ "$(held_on_dra status)" == False ]]; }
+  if wait_until 30 held_reported; then
+    pass "the GPUCluster's NodesHeldOnDRA names real-gpu-1 while its pod holds a claim"
+  else
+    fail "NodesHeldOnDRA: $(held_on_dra status) $(held_on_dra message)"
+  fi
   k -n default delete pod switch --wait=false >/dev/null
   driver_gone() { [[ -z "$(label_of real-gpu-1 dra-driver)" && -z "$(plugin_on real-gpu-1)" ]]; }
   if wait_until 120 driver_gone; then
     pass "once the pod left, the DRA plugin left real-gpu-1"
+    wait_until 30 hold_over ||
+      fail "NodesHeldOnDRA still $(held_on_dra status) after the pod left: $(held_on_dra message)"
   else
     fail "dra-driver '$(label_of real-gpu-1 dra-driver)', plugin $(plugin_on real-gpu-1) after the pod left"
   fi
