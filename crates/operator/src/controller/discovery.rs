@@ -1,11 +1,14 @@
 //! Which optional APIs and DRA features the cluster serves.
 
+use std::time::{Duration, Instant};
+
 use kube::Api;
 use kube::api::{DynamicObject, PostParams};
 
 use crate::features::{Feature, Probe, Support};
 
 /// What the discovery API says about the cluster.
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Served {
     pub(super) dra: bool,
     pub(super) service_monitors: bool,
@@ -32,6 +35,47 @@ pub(super) async fn served(client: &kube::Client) -> Served {
     Served {
         dra: has("resource.k8s.io", "v1", "deviceclasses").await,
         service_monitors: has("monitoring.coreos.com", "v1", "servicemonitors").await,
+    }
+}
+
+/// How long a probe of the apiserver's DRA features is trusted: a gate switched on by an apiserver
+/// upgrade shows within this; a probe that failed is retried sooner.
+const FEATURES_FRESH: Duration = Duration::from_secs(600);
+const FEATURES_RETRY: Duration = Duration::from_secs(60);
+/// How long the discovery answer (is the DRA API, are ServiceMonitors served) is trusted.
+const SERVED_FRESH: Duration = Duration::from_secs(60);
+
+impl super::Context {
+    /// What the apiserver serves of each DRA feature, probed again once the last answer is stale.
+    pub(super) async fn features(&self) -> Support {
+        let mut cached = self.features.lock().await;
+        if let Some((at, support)) = cached.as_ref() {
+            let all_known = support.0.values().all(|p| !matches!(p, Probe::Unknown(_)));
+            let fresh = if all_known {
+                FEATURES_FRESH
+            } else {
+                FEATURES_RETRY
+            };
+            if at.elapsed() < fresh {
+                return support.clone();
+            }
+        }
+        let support = features(&self.client).await;
+        *cached = Some((Instant::now(), support.clone()));
+        support
+    }
+
+    /// Which optional APIs are served, asked again once the last answer is a minute old.
+    pub(super) async fn served(&self) -> Served {
+        let mut cached = self.served.lock().await;
+        match cached.as_ref() {
+            Some((at, served)) if at.elapsed() < SERVED_FRESH => *served,
+            _ => {
+                let served = served(&self.client).await;
+                *cached = Some((Instant::now(), served));
+                served
+            }
+        }
     }
 }
 

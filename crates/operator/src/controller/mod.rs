@@ -41,7 +41,6 @@ mod tests;
 pub use metrics::Metrics;
 
 use apply::{apply, ensure_admin_access_label, owner_reference, prune};
-use discovery::served;
 use drain::{drain, ensure_finalizer};
 use nodes::{ReadyPlugins, node_counts, node_selector};
 use report::write_status;
@@ -97,37 +96,15 @@ struct Context {
     settings: Settings,
     recorder: Recorder,
     metrics: Metrics,
+    /// Which optional APIs are served, and when that was asked.
+    served: tokio::sync::Mutex<Option<(std::time::Instant, discovery::Served)>>,
     /// What the apiserver serves of each DRA feature, and when that was probed.
     features: tokio::sync::Mutex<Option<(std::time::Instant, Support)>>,
     /// Whether a `ClusterPolicy` exists (known before the first reconcile).
     cluster_policy: tokio::sync::watch::Receiver<Option<bool>>,
 }
 
-/// How long a probe of the apiserver's DRA features is trusted: a gate switched on by an apiserver
-/// upgrade shows within this; a probe that failed is retried sooner.
-const FEATURES_FRESH: Duration = Duration::from_secs(600);
-const FEATURES_RETRY: Duration = Duration::from_secs(60);
-
 impl Context {
-    /// What the apiserver serves of each DRA feature, probed again once the last answer is stale.
-    async fn features(&self) -> Support {
-        let mut cached = self.features.lock().await;
-        if let Some((at, support)) = cached.as_ref() {
-            let all_known = support.0.values().all(|p| !matches!(p, Probe::Unknown(_)));
-            let fresh = if all_known {
-                FEATURES_FRESH
-            } else {
-                FEATURES_RETRY
-            };
-            if at.elapsed() < fresh {
-                return support.clone();
-            }
-        }
-        let support = discovery::features(&self.client).await;
-        *cached = Some((std::time::Instant::now(), support.clone()));
-        support
-    }
-
     async fn event(&self, gc: &GPUCluster, type_: EventType, reason: &str, mut note: String) {
         // The API rejects notes over 1 KiB; keep the start, which names the object.
         if note.len() > 1000 {
@@ -167,7 +144,7 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         namespace: ctx.settings.namespace.clone(),
         ..Observed::default()
     };
-    let served = served(&ctx.client).await;
+    let served = ctx.served().await;
     if !served.dra {
         observed.problems.push(Problem::DraApiNotServed);
         write_status(
@@ -282,6 +259,17 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     })
 }
 
+/// The GPUCluster key of an operand that names a GPUCluster as its controller.
+fn to_gpu_cluster<K: Resource>(operand: K) -> Option<ObjectRef<GPUCluster>> {
+    let owned = operand
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "GPUCluster" && o.controller == Some(true));
+    owned.then(|| ObjectRef::new(GPU_CLUSTER_NAME))
+}
+
 /// A live object as its typed kind.
 fn typed<T: serde::de::DeserializeOwned>(live: &DynamicObject) -> Result<T, serde_json::Error> {
     serde_json::from_value(serde_json::to_value(live)?)
@@ -327,6 +315,7 @@ pub async fn run(
         client: client.clone(),
         settings,
         metrics,
+        served: tokio::sync::Mutex::new(None),
         features: tokio::sync::Mutex::new(None),
         cluster_policy,
     });
@@ -334,34 +323,48 @@ pub async fn run(
         Api::<GPUCluster>::all(client.clone()),
         watcher::Config::default(),
     )
-    .owns(
+    // Every operand maps to the one GPUCluster key. (`owns` would key a namespaced operand's owner
+    // under the operand's namespace: a second key for the same cluster-scoped object, so one change
+    // ran two reconciles.)
+    .watches(
         Api::<DaemonSet>::namespaced(client.clone(), &ns),
         owned.clone(),
+        to_gpu_cluster,
     )
-    .owns(
+    .watches(
         Api::<Deployment>::namespaced(client.clone(), &ns),
         owned.clone(),
+        to_gpu_cluster,
     )
-    .owns(
+    .watches(
         Api::<Service>::namespaced(client.clone(), &ns),
         owned.clone(),
+        to_gpu_cluster,
     )
-    .owns(
+    .watches(
         Api::<ConfigMap>::namespaced(client.clone(), &ns),
         owned.clone(),
+        to_gpu_cluster,
     )
-    .owns(
+    .watches(
         Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns),
         owned.clone(),
+        to_gpu_cluster,
     )
-    .owns(Api::<DeviceClass>::all(client.clone()), owned.clone())
-    .owns(
+    .watches(
+        Api::<DeviceClass>::all(client.clone()),
+        owned.clone(),
+        to_gpu_cluster,
+    )
+    .watches(
         Api::<ValidatingAdmissionPolicy>::all(client.clone()),
         owned.clone(),
+        to_gpu_cluster,
     )
-    .owns(
+    .watches(
         Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
         owned,
+        to_gpu_cluster,
     )
     .watches_stream(nodes::handover_changes(&client), |_| {
         Some(ObjectRef::<GPUCluster>::new(GPU_CLUSTER_NAME))

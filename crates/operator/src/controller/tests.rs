@@ -176,6 +176,7 @@ impl FakeApi {
                 },
             },
             metrics: Metrics::default(),
+            served: tokio::sync::Mutex::new(None),
             features: tokio::sync::Mutex::new(None),
             cluster_policy: tokio::sync::watch::channel(Some(false)).1,
         })
@@ -397,4 +398,21 @@ async fn the_status_names_nodes_held_on_dra_and_gpu_nodes_no_plane_serves() {
     );
     let features = condition("DRAFeaturesServed");
     assert_eq!(features["status"], "True", "{features}");
+}
+
+#[test]
+fn an_operand_in_any_namespace_maps_to_the_one_cluster_scoped_key() {
+    let ds = |owner: serde_json::Value| -> k8s_openapi::api::apps::v1::DaemonSet {
+        serde_json::from_value(json!({"metadata": {"name": "d", "namespace": NS,
+            "ownerReferences": [owner]}}))
+        .unwrap()
+    };
+    let ours = ds(json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "name": "gpu-cluster", "uid": GC_UID, "controller": true}));
+    let key = super::to_gpu_cluster(ours).expect("an operand of the GPUCluster");
+    assert_eq!(key, kube::runtime::reflector::ObjectRef::new("gpu-cluster"));
+    assert_eq!(key.namespace, None, "a second key for the same object");
+    let foreign = ds(json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "x",
+        "uid": "u", "controller": true}));
+    assert_eq!(super::to_gpu_cluster(foreign), None);
 }
