@@ -428,8 +428,14 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
             }));
         }
         Step::Drain { evict } => {
-            // Idempotent: the start's cordon may not have landed.
-            if state.as_ref().is_some_and(|h| h.cordoned) {
+            // The start's cordon may not have landed; read before writing, so a node draining
+            // for minutes is not patched every round.
+            let ours = state.as_ref().is_some_and(|h| h.cordoned);
+            if ours
+                && !node_ops::is_cordoned(&ctx.client, &name)
+                    .await
+                    .map_err(cordon_err("reading"))?
+            {
                 node_ops::cordon(&ctx.client, &name, &pp)
                     .await
                     .map_err(cordon_err("cordoning"))?;
