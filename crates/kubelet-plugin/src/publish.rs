@@ -1,15 +1,19 @@
 //! Keeps the node's ResourceSlices in the API equal to [`crate::slices::desired_slices`]:
 //! publishes at start, then re-checks on every slice event and periodically, so slices the
-//! kubelet wiped (plugin gone for 30 s, kubelet restart) are published again.
+//! kubelet wiped (plugin gone for 30 s, kubelet restart) are published again. The slices are read
+//! from a watch-fed store, never listed per event, so the echo of the plugin's own writes costs no
+//! request.
 
 use crate::devices::DeviceTable;
 use crate::slices::{self, NodeRef};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +41,9 @@ pub struct Publisher {
     node: NodeRef,
     table: Arc<DeviceTable>,
     last_generation: i64,
+    /// Slices written by the last publish that the watch has not shown since, by name (with the
+    /// resourceVersion the write returned).
+    awaiting: BTreeMap<String, Option<String>>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -68,6 +75,7 @@ impl Publisher {
             node,
             table,
             last_generation: 0,
+            awaiting: BTreeMap::new(),
         })
     }
 
@@ -78,13 +86,18 @@ impl Publisher {
         )
     }
 
-    /// Compares the API with the desired slices and writes what differs.
-    pub async fn reconcile(&mut self) -> Result<Outcome, kube::Error> {
+    /// Compares `existing` (the node's slices as the watch last saw them) with the desired
+    /// slices and writes what differs. Until the watch has shown every slice written here (see
+    /// [`Publisher::saw`]), the store is behind, not different, and nothing is written.
+    pub async fn reconcile(
+        &mut self,
+        existing: &[Arc<ResourceSlice>],
+    ) -> Result<Outcome, kube::Error> {
+        if !self.awaiting.is_empty() {
+            return Ok(Outcome::Unchanged);
+        }
         let api: Api<ResourceSlice> = Api::all(self.client.clone());
-        let existing = api
-            .list(&ListParams::default().fields(&self.field_selector()))
-            .await?
-            .items;
+        let existing: Vec<ResourceSlice> = existing.iter().map(|s| (**s).clone()).collect();
         let current = existing
             .iter()
             .map(|s| s.spec.pool.generation)
@@ -100,7 +113,9 @@ impl Publisher {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for slice in &desired {
             let name = slice.metadata.name.clone().unwrap_or_default();
-            api.patch(&name, &params, &Patch::Apply(slice)).await?;
+            let written = api.patch(&name, &params, &Patch::Apply(slice)).await?;
+            self.awaiting
+                .insert(name, written.metadata.resource_version);
         }
         let wanted: Vec<_> = desired.iter().map(|s| s.metadata.name.clone()).collect();
         for stale in existing
@@ -120,15 +135,40 @@ impl Publisher {
         Ok(Outcome::Published(generation))
     }
 
-    /// Reconciles now, then on every event about this node's slices and every [`RESYNC`],
-    /// forever; failures are logged and retried after [`RETRY`].
+    /// Takes in a watch event: a slice written here that the watch shows again (its echo, a
+    /// later change, or its deletion) is no longer awaited.
+    pub fn saw(&mut self, event: &watcher::Event<ResourceSlice>) {
+        match event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) | watcher::Event::Delete(s) => {
+                if let Some(name) = &s.metadata.name {
+                    self.awaiting.remove(name);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    /// Reconciles once the store holds the first full list, then on every event about this
+    /// node's slices and every [`RESYNC`], forever; failures are logged and retried after
+    /// [`RETRY`].
     pub async fn run(mut self) {
         let api: Api<ResourceSlice> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields(&self.field_selector());
-        let mut events = watcher(api, config).boxed();
+        let (store, writer) = reflector::store();
+        let mut events = watcher(api, config)
+            .default_backoff()
+            .reflect(writer)
+            .boxed();
         let mut resync = tokio::time::interval(RESYNC);
+        // The store fills from the watch: drive it until the first list is in (an empty list
+        // included: the list's end is an event too).
+        while store.wait_until_ready().now_or_never().is_none() {
+            if events.next().await.is_none() {
+                return;
+            }
+        }
         loop {
-            match self.reconcile().await {
+            match self.reconcile(&slices_in(&store)).await {
                 Ok(Outcome::Published(generation)) => {
                     tracing::info!(node = %self.node.name, generation, "published ResourceSlices");
                 }
@@ -139,19 +179,94 @@ impl Publisher {
                     continue;
                 }
             }
-            tokio::select! {
-                event = events.next() => {
-                    match event {
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "ResourceSlice watch error");
-                            tokio::time::sleep(RETRY).await;
+            // Wait for a change the store has taken in whole: a relist is compared once it
+            // ends, not object by object.
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(Ok(event)) => {
+                            self.saw(&event);
+                            if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                                continue;
+                            }
                         }
+                        Some(Err(e)) => tracing::debug!(error = %e, "ResourceSlice watch error"),
                         None => tokio::time::sleep(RETRY).await,
-                    }
+                    },
+                    // Whatever the watch showed, the periodic check compares afresh.
+                    _ = resync.tick() => self.awaiting.clear(),
                 }
-                _ = resync.tick() => {}
+                break;
             }
         }
+    }
+}
+
+fn slices_in(store: &Store<ResourceSlice>) -> Vec<Arc<ResourceSlice>> {
+    store.state()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use http::StatusCode;
+    use service::fake_api::{client, reply};
+
+    use super::*;
+    use crate::testutil::table;
+
+    /// A publisher whose API answers every write with the written object and logs it.
+    fn publisher() -> (Publisher, Arc<Mutex<Vec<String>>>) {
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&writes);
+        let client = client("default", move |method, path, body| {
+            log.lock().unwrap().push(format!("{method} {path}"));
+            let object: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            reply(StatusCode::OK, &object)
+        });
+        let publisher = Publisher {
+            client,
+            driver: "gpu.nvidia.com".into(),
+            node: NodeRef {
+                name: "gpu-node-0".into(),
+                uid: "u".into(),
+            },
+            table: Arc::new(table(2)),
+            last_generation: 0,
+            awaiting: BTreeMap::new(),
+        };
+        (publisher, writes)
+    }
+
+    fn seen(slices: Vec<ResourceSlice>) -> Vec<Arc<ResourceSlice>> {
+        slices.into_iter().map(Arc::new).collect()
+    }
+
+    #[tokio::test]
+    async fn nothing_is_written_until_the_watch_shows_the_last_write() {
+        let (mut p, writes) = publisher();
+        assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Published(1));
+        assert!(!writes.lock().unwrap().is_empty(), "nothing published");
+        writes.lock().unwrap().clear();
+
+        // The store has not caught up (it still shows nothing): behind, not different.
+        assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Unchanged);
+        // The write's echo arrives: the store equals what was written.
+        let echo = slices::desired_slices(&p.node, &p.driver, &p.table, 1);
+        for slice in &echo {
+            p.saw(&watcher::Event::Apply(slice.clone()));
+        }
+        assert_eq!(
+            p.reconcile(&seen(echo.clone())).await.unwrap(),
+            Outcome::Unchanged
+        );
+        assert_eq!(*writes.lock().unwrap(), Vec::<String>::new());
+
+        // The kubelet wipes the slices: published again, with the next generation.
+        for slice in &echo {
+            p.saw(&watcher::Event::Delete(slice.clone()));
+        }
+        assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Published(2));
     }
 }
