@@ -406,73 +406,7 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     }
 
     let pp = patch_params();
-    let cordon_err = |what| {
-        let node = name.clone();
-        move |source| Error::Cordon { what, node, source }
-    };
-    let mut record = record;
-    match &step {
-        Step::Start { from, to } => {
-            // Recorded first, cordoned after: a cordon whose record failed to land would read
-            // as an admin's on the next try and never be lifted.
-            let cordoned = !node_ops::is_cordoned(&ctx.client, &name)
-                .await
-                .map_err(cordon_err("reading"))?;
-            record = Some(Some(Handover {
-                from: *from,
-                to: *to,
-                phase: Phase::Draining,
-                since: jiff::Timestamp::now().as_second(),
-                cordoned,
-                rollback: None,
-            }));
-        }
-        Step::Drain { evict } => {
-            // The start's cordon may not have landed; read before writing, so a node draining
-            // for minutes is not patched every round.
-            let ours = state.as_ref().is_some_and(|h| h.cordoned);
-            if ours
-                && !node_ops::is_cordoned(&ctx.client, &name)
-                    .await
-                    .map_err(cordon_err("reading"))?
-            {
-                node_ops::cordon(&ctx.client, &name, &pp)
-                    .await
-                    .map_err(cordon_err("cordoning"))?;
-            }
-            for pod in holding
-                .iter()
-                .filter(|p| *evict && !claims::is_daemonset_pod(p))
-            {
-                let result =
-                    node_ops::evict(&ctx.client, pod)
-                        .await
-                        .map_err(|source| Error::Drain {
-                            node: name.clone(),
-                            source,
-                        })?;
-                let pod_name =
-                    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-                match &result {
-                    Eviction::Evicted => {
-                        tracing::info!(node = %name, pod = %pod_name, "evicted");
-                        Metrics::count(&ctx.metrics.evictions, "result", "evicted");
-                    }
-                    Eviction::Blocked(why) => {
-                        tracing::info!(node = %name, pod = %pod_name, why, "eviction blocked");
-                        Metrics::count(&ctx.metrics.evictions, "result", "blocked");
-                    }
-                    Eviction::Gone => {}
-                }
-            }
-        }
-        Step::Complete { uncordon: true, .. } | Step::Cancel { uncordon: true } => {
-            node_ops::uncordon(&ctx.client, &name, &pp)
-                .await
-                .map_err(cordon_err("uncordoning"))?;
-        }
-        _ => {}
-    }
+    let record = carry_out(&ctx, &name, &step, state.as_ref(), &holding, record).await?;
     let cordon_after_write =
         matches!((&step, &record), (Step::Start { .. }, Some(Some(h))) if h.cordoned);
     if let Some(value) = record {
@@ -525,36 +459,9 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     if cordon_after_write {
         node_ops::cordon(&ctx.client, &name, &pp)
             .await
-            .map_err(cordon_err("cordoning"))?;
+            .map_err(cordon_err("cordoning", &name))?;
     }
-    if let Some(label) = step_metric(&step) {
-        Metrics::count(&ctx.metrics.handover_steps, "step", label);
-    }
-    let held_on_dra = matches!(step, Step::Drain { .. })
-        && state
-            .as_ref()
-            .is_some_and(|h| h.from == AllocationMode::Dra);
-    let key = vec![("node".to_owned(), name.clone())];
-    if held_on_dra {
-        ctx.metrics.held_on_dra.get_or_create(&key).set(1);
-    } else {
-        ctx.metrics.held_on_dra.remove(&key);
-    }
-    if let Some(mut set) = started {
-        match &step {
-            Step::Start { .. } => {
-                set.insert(name.clone());
-            }
-            _ => {
-                set.remove(&name);
-            }
-        }
-    } else if matches!(
-        step,
-        Step::Complete { .. } | Step::Cancel { .. } | Step::Idle | Step::Release
-    ) {
-        ctx.started.lock().await.remove(&name);
-    }
+    account(&ctx, &name, &step, state.as_ref(), started).await;
     Ok(match step {
         Step::Idle | Step::Release | Step::Complete { .. } | Step::Cancel { .. } => {
             if plan.is_deferred() {
@@ -565,6 +472,126 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         }
         _ => Action::requeue(HANDOVER_RECHECK),
     })
+}
+
+/// Counts the step, keeps the held-on-DRA gauge, and books or frees the node's hand-over slot
+/// (`started`: the slot lock, when this reconcile took it).
+async fn account(
+    ctx: &Context,
+    name: &str,
+    step: &Step,
+    state: Option<&Handover>,
+    started: Option<tokio::sync::MutexGuard<'_, BTreeSet<String>>>,
+) {
+    if let Some(label) = step_metric(step) {
+        Metrics::count(&ctx.metrics.handover_steps, "step", label);
+    }
+    let held_on_dra =
+        matches!(step, Step::Drain { .. }) && state.is_some_and(|h| h.from == AllocationMode::Dra);
+    let key = vec![("node".to_owned(), name.to_owned())];
+    if held_on_dra {
+        ctx.metrics.held_on_dra.get_or_create(&key).set(1);
+    } else {
+        ctx.metrics.held_on_dra.remove(&key);
+    }
+    if let Some(mut set) = started {
+        match step {
+            Step::Start { .. } => {
+                set.insert(name.to_owned());
+            }
+            _ => {
+                set.remove(name);
+            }
+        }
+    } else if matches!(
+        step,
+        Step::Complete { .. } | Step::Cancel { .. } | Step::Idle | Step::Release
+    ) {
+        ctx.started.lock().await.remove(name);
+    }
+}
+
+/// The error of a failed cordon step (`what`: reading, cordoning, uncordoning) on `node`.
+fn cordon_err(what: &'static str, node: &str) -> impl FnOnce(kube::Error) -> Error {
+    let node = node.to_owned();
+    move |source| Error::Cordon { what, node, source }
+}
+
+/// Does what a hand-over step asks of the node and its pods (cordon, evictions, uncordon);
+/// returns the hand-over record to write, `record` unless the step starts a hand-over.
+async fn carry_out(
+    ctx: &Context,
+    name: &str,
+    step: &Step,
+    state: Option<&Handover>,
+    holding: &[Pod],
+    record: Option<Option<Handover>>,
+) -> Result<Option<Option<Handover>>, Error> {
+    let pp = patch_params();
+    let mut record = record;
+    match step {
+        Step::Start { from, to } => {
+            // Recorded first, cordoned after: a cordon whose record failed to land would read
+            // as an admin's on the next try and never be lifted.
+            let cordoned = !node_ops::is_cordoned(&ctx.client, name)
+                .await
+                .map_err(cordon_err("reading", name))?;
+            record = Some(Some(Handover {
+                from: *from,
+                to: *to,
+                phase: Phase::Draining,
+                since: jiff::Timestamp::now().as_second(),
+                cordoned,
+                rollback: None,
+            }));
+        }
+        Step::Drain { evict } => {
+            // The start's cordon may not have landed; read before writing, so a node draining
+            // for minutes is not patched every round.
+            let ours = state.is_some_and(|h| h.cordoned);
+            if ours
+                && !node_ops::is_cordoned(&ctx.client, name)
+                    .await
+                    .map_err(cordon_err("reading", name))?
+            {
+                node_ops::cordon(&ctx.client, name, &pp)
+                    .await
+                    .map_err(cordon_err("cordoning", name))?;
+            }
+            for pod in holding
+                .iter()
+                .filter(|p| *evict && !claims::is_daemonset_pod(p))
+            {
+                let result =
+                    node_ops::evict(&ctx.client, pod)
+                        .await
+                        .map_err(|source| Error::Drain {
+                            node: name.to_owned(),
+                            source,
+                        })?;
+                let pod_name =
+                    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+                match &result {
+                    Eviction::Evicted => {
+                        tracing::info!(node = %name, pod = %pod_name, "evicted");
+                        Metrics::count(&ctx.metrics.evictions, "result", "evicted");
+                    }
+                    Eviction::Blocked(why) => {
+                        tracing::info!(node = %name, pod = %pod_name, why, "eviction blocked");
+                        Metrics::count(&ctx.metrics.evictions, "result", "blocked");
+                    }
+                    Eviction::Gone => {}
+                }
+            }
+        }
+        Step::Complete { uncordon: true, .. } | Step::Cancel { uncordon: true } => {
+            node_ops::uncordon(&ctx.client, name, &pp)
+                .await
+                .map_err(cordon_err("uncordoning", name))?;
+        }
+        _ => {}
+    }
+    Ok(record)
 }
 
 /// What the hand-over annotation becomes: `Some(Some(h))` sets it, `Some(None)` removes it,
