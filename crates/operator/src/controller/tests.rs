@@ -407,12 +407,16 @@ fn an_operand_in_any_namespace_maps_to_the_one_cluster_scoped_key() {
             "ownerReferences": [owner]}}))
         .unwrap()
     };
-    let ours = ds(json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-        "name": "gpu-cluster", "uid": GC_UID, "controller": true}));
+    let ours = ds(
+        json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "name": "gpu-cluster", "uid": GC_UID, "controller": true}),
+    );
     let key = super::to_gpu_cluster(ours).expect("an operand of the GPUCluster");
     assert_eq!(key, kube::runtime::reflector::ObjectRef::new("gpu-cluster"));
     assert_eq!(key.namespace, None, "a second key for the same object");
-    let foreign = ds(json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "x",
-        "uid": "u", "controller": true}));
+    let foreign = ds(
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "x",
+        "uid": "u", "controller": true}),
+    );
     assert_eq!(super::to_gpu_cluster(foreign), None);
 }
