@@ -19,6 +19,7 @@ use e2e::{Env, delete_nodes, eventually, fresh_namespace, install_crd, kwok_gpu_
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ResourceQuota};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -267,10 +268,23 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
             ("POD_NAME", "operator-migration"),
         ],
     )?;
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
     for name in NODES {
         nodes
             .create(&PostParams::default(), &kwok_gpu_node(name, "migration", 1))
             .await?;
+        // The GPU a DRA plugin would publish there: the labeler sets the DRA readiness labels
+        // only once the node's slices hold a device per GPU.
+        let slice = serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}-gpu.nvidia.com")},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": name,
+                     "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"},
+                                                               "uuid": {"string": format!("GPU-{name}")}}}]}}))?;
+        let _ = slices
+            .delete(&format!("{name}-gpu.nvidia.com"), &DeleteParams::default())
+            .await;
+        slices.create(&PostParams::default(), &slice).await?;
     }
     // Both nodes settle on the device-plugin plane; the readiness labels come with its validator.
     for name in NODES {
@@ -509,6 +523,9 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
     kubelet_task.abort();
     for name in NODES {
         let _ = nodes.delete(name, &DeleteParams::default()).await;
+        let _ = slices
+            .delete(&format!("{name}-gpu.nvidia.com"), &DeleteParams::default())
+            .await;
     }
     for ns in [NS, OPERATOR_NS] {
         let _ = Api::<Namespace>::all(client.clone())

@@ -97,6 +97,8 @@ pub mod labels {
     pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
     /// The GPU product name (written by GPU feature discovery or NFD rules).
     pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+    /// How many GPUs the node has (GPU feature discovery's label).
+    pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
     /// Present on vGPU host nodes; they never get the MIG manager.
     pub const VGPU_HOST_DRIVER_VERSION: &str = "nvidia.com/vgpu.host-driver-version";
 

@@ -10,7 +10,8 @@ use api::handover::{Handover, Phase};
 use api::{AllocationMode, GPUCluster};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
@@ -27,6 +28,7 @@ use crate::claims;
 use crate::events::{self, QueueReason};
 use crate::handover::{self, Step};
 use crate::node_ops::{self, Eviction};
+use crate::offers;
 use crate::plan::{self, Cluster, GpuClaims, Hold, NodeFacts, Plan, ReadyPlanes, Rule};
 
 /// Field manager of every write the labeler makes.
@@ -75,6 +77,17 @@ pub enum Error {
         /// The API error.
         source: kube::Error,
     },
+    /// Reading what a plane offers on the node (its ResourceSlices, or its allocatable GPUs)
+    /// failed.
+    #[error("reading what the {plane} plane offers on node {node}: {source}")]
+    Offers {
+        /// The plane.
+        plane: AllocationMode,
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
 }
 
 impl Error {
@@ -83,6 +96,7 @@ impl Error {
             Error::Patch { .. } => "patch",
             Error::Cordon { .. } => "cordon",
             Error::Drain { .. } => "drain",
+            Error::Offers { .. } => "offers",
         }
     }
 }
@@ -345,9 +359,11 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     let state = annotations
         .get(l::HANDOVER)
         .and_then(|v| Handover::parse(v));
+    let (ready, offers_pending) =
+        confirm_offers(&ctx, &name, labels, ctx.ready_planes(&name)).await?;
     let mut facts = NodeFacts {
         claims: GpuClaims::Unknown,
-        ready: ctx.ready_planes(&name),
+        ready,
         pinned: state.as_ref().and_then(|h| h.pinned(generation)),
         hold: Hold::No,
     };
@@ -464,7 +480,9 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     account(&ctx, &name, &step, state.as_ref(), started).await;
     Ok(match step {
         Step::Idle | Step::Release | Step::Complete { .. } | Step::Cancel { .. } => {
-            if plan.is_deferred() {
+            if offers_pending {
+                Action::requeue(HANDOVER_RECHECK)
+            } else if plan.is_deferred() {
                 Action::requeue(DEFERRED_RECHECK)
             } else {
                 Action::await_change()
@@ -509,6 +527,55 @@ async fn account(
     ) {
         ctx.started.lock().await.remove(name);
     }
+}
+
+/// Keeps a plane's validator-ready flag only while the plane offers every GPU of the node (see
+/// [`crate::offers`]), checked while the node does not carry that plane's readiness label yet.
+/// The second value says a check held a plane back, so the node is looked at again soon.
+async fn confirm_offers(
+    ctx: &Context,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    mut ready: ReadyPlanes,
+) -> Result<(ReadyPlanes, bool), Error> {
+    let wanted = offers::gpu_count(labels);
+    let labelled = |plane: AllocationMode| {
+        labels.get(l::GPU_STACK).map(String::as_str) == Some(plane.as_str())
+    };
+    let err = |plane| {
+        let node = name.to_owned();
+        move |source| Error::Offers {
+            plane,
+            node,
+            source,
+        }
+    };
+    let mut held = false;
+    if ready.dra && !labelled(AllocationMode::Dra) {
+        let selector = format!(
+            "spec.nodeName={name},spec.driver={}",
+            api::contract::DRIVER_NAME
+        );
+        let slices = Api::<ResourceSlice>::all(ctx.client.clone())
+            .list(&ListParams::default().fields(&selector))
+            .await
+            .map_err(err(AllocationMode::Dra))?;
+        if offers::published_gpus(&slices.items, name) < wanted {
+            ready.dra = false;
+            held = true;
+        }
+    }
+    if ready.device_plugin && !labelled(AllocationMode::DevicePlugin) {
+        let node = Api::<Node>::all(ctx.client.clone())
+            .get(name)
+            .await
+            .map_err(err(AllocationMode::DevicePlugin))?;
+        if offers::allocatable_gpus(&node) < wanted {
+            ready.device_plugin = false;
+            held = true;
+        }
+    }
+    Ok((ready, held))
 }
 
 /// The error of a failed cordon step (`what`: reading, cordoning, uncordoning) on `node`.

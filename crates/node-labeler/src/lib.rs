@@ -5,4 +5,5 @@ pub mod controller;
 pub mod events;
 pub mod handover;
 pub mod node_ops;
+pub mod offers;
 pub mod plan;
