@@ -797,8 +797,9 @@ migrate() {
     m="$(moving)"
     ((r < least)) && least=$r
     ((m > most)) && most=$m
+    # Both plugin labels of a node from one read: two reads could straddle the switch's patch.
     for n in real-gpu-0 real-gpu-1; do
-      [[ -n "$(label_of "$n" dra-driver)" && -n "$(label_of "$n" device-plugin)" ]] && both=1
+      [[ "$(k get node "$n" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.deploy\.dra-driver}/{.metadata.labels.nvidia\.com/gpu\.deploy\.device-plugin}')" == ?*/?* ]] && both=1
     done
     if [[ "$(stack_of real-gpu-0)" == "$mode true " && "$(stack_of real-gpu-1)" == "$mode true " && "$r" == 2 ]]; then
       # Every replica held a GPU of the plane its node left, so each was evicted and replaced.
