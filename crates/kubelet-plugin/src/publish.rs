@@ -159,7 +159,9 @@ impl Publisher {
             .default_backoff()
             .reflect(writer)
             .boxed();
-        let mut resync = tokio::time::interval(RESYNC);
+        // The first check is a full period away: an immediate tick would clear the slices awaited
+        // from the first publish before their echo, and publish again.
+        let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + RESYNC, RESYNC);
         // The store fills from the watch: drive it until the first list is in (an empty list
         // included: the list's end is an event too).
         while store.wait_until_ready().now_or_never().is_none() {
