@@ -1,52 +1,18 @@
-//! The finalizer and the drain on deletion: claim consumers first, then the kubelet plugin.
-
-use std::time::Duration;
+//! The finalizer's cleanup arm: on deletion claim consumers go first, then the kubelet plugin.
 
 use api::GPUCluster;
-use api::contract::GPU_CLUSTER_FINALIZER;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{DeleteParams, ListParams, PropagationPolicy};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 
 use super::{Context, Error, MANAGED_SELECTOR, api_err};
 
-/// Adds our finalizer, guarded by the resourceVersion read.
-pub(super) async fn ensure_finalizer(ctx: &Context, gc: &GPUCluster) -> Result<(), Error> {
-    if gc.finalizers().iter().any(|f| f == GPU_CLUSTER_FINALIZER) {
-        return Ok(());
-    }
-    let mut finalizers = gc.finalizers().to_vec();
-    finalizers.push(GPU_CLUSTER_FINALIZER.into());
-    set_finalizers(ctx, gc, finalizers).await
-}
-
-pub(super) async fn set_finalizers(
-    ctx: &Context,
-    gc: &GPUCluster,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
-    let api: Api<GPUCluster> = Api::all(ctx.client.clone());
-    let patch =
-        json!({"metadata": {"resourceVersion": gc.resource_version(), "finalizers": finalizers}});
-    api.patch(
-        &gc.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(api_err("updating GPUCluster finalizers"))?;
-    Ok(())
-}
-
-/// Deletion: claim consumers go first (foreground), the plugin stays until they are gone; then the
-/// finalizer is removed and garbage collection takes the rest.
+/// Deletion: claim consumers go first (foreground), the plugin stays until they are gone. Done
+/// (`Ok`) once none is left, so `kube::runtime::finalizer` removes the finalizer and garbage
+/// collection takes the rest; [`Error::Draining`] while some remain, which keeps the finalizer.
 pub(super) async fn drain(ctx: &Context, gc: &GPUCluster) -> Result<Action, Error> {
-    if !gc.finalizers().iter().any(|f| f == GPU_CLUSTER_FINALIZER) {
-        return Ok(Action::await_change());
-    }
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
     let uid = gc.uid().unwrap_or_default();
     let consumers: Vec<DaemonSet> = daemonsets
@@ -66,13 +32,6 @@ pub(super) async fn drain(ctx: &Context, gc: &GPUCluster) -> Result<Action, Erro
         })
         .collect();
     if consumers.is_empty() {
-        let rest = gc
-            .finalizers()
-            .iter()
-            .filter(|f| *f != GPU_CLUSTER_FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(ctx, gc, rest).await?;
         return Ok(Action::await_change());
     }
     let foreground = DeleteParams {
@@ -100,5 +59,5 @@ pub(super) async fn drain(ctx: &Context, gc: &GPUCluster) -> Result<Action, Erro
         ),
     )
     .await;
-    Ok(Action::requeue(Duration::from_secs(2)))
+    Err(Error::Draining(names))
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::GPUCluster;
-use api::contract::{GPU_CLUSTER_NAME, cluster_policy, objects as o};
+use api::contract::{GPU_CLUSTER_FINALIZER, GPU_CLUSTER_NAME, cluster_policy, objects as o};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -20,6 +20,7 @@ use kube::api::DynamicObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
@@ -41,7 +42,7 @@ mod tests;
 pub use metrics::Metrics;
 
 use apply::{apply, ensure_admin_access_label, owner_reference, prune};
-use drain::{drain, ensure_finalizer};
+use drain::drain;
 use nodes::{ReadyPlugins, node_counts, node_selector};
 use report::write_status;
 
@@ -75,6 +76,13 @@ pub enum Error {
         "asking whether DeviceClass.spec.extendedResourceName is served (a dry-run create): {0}"
     )]
     FeatureUnknown(String),
+    /// Deletion waits for these claim-consuming DaemonSets to go before the kubelet plugin; the
+    /// finalizer stays until then.
+    #[error("waiting for {} to go before the kubelet plugin", .0.join(", "))]
+    Draining(Vec<String>),
+    /// Adding or removing the GPUCluster's finalizer failed.
+    #[error("GPUCluster finalizer {GPU_CLUSTER_FINALIZER}: {0}")]
+    Finalizer(String),
 }
 
 impl Error {
@@ -82,6 +90,16 @@ impl Error {
         match self {
             Error::Api { .. } => "api",
             Error::FeatureUnknown(_) => "feature_unknown",
+            Error::Draining(_) => "draining",
+            Error::Finalizer(_) => "finalizer",
+        }
+    }
+
+    /// The reconcile's own error out of `kube::runtime::finalizer`'s wrapper.
+    fn from_finalizer(error: finalizer::Error<Error>) -> Error {
+        match error {
+            finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
+            other => Error::Finalizer(other.to_string()),
         }
     }
 }
@@ -130,16 +148,26 @@ impl Context {
 
 async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
-    let now = Timestamp::now();
     if gc.name_any() != GPU_CLUSTER_NAME {
+        let now = Timestamp::now();
         write_status(&ctx, &gc, status::ignored(gc.status.as_ref(), now)).await?;
         return Ok(Action::await_change());
     }
-    if gc.meta().deletion_timestamp.is_some() {
-        return drain(&ctx, &gc).await;
-    }
-    ensure_finalizer(&ctx, &gc).await?;
+    // The finalizer goes on before any operand exists, and comes off only once `drain` is done.
+    let api: Api<GPUCluster> = Api::all(ctx.client.clone());
+    finalizer(&api, GPU_CLUSTER_FINALIZER, gc, |event| async {
+        match event {
+            finalizer::Event::Apply(gc) => apply_spec(&ctx, &gc).await,
+            finalizer::Event::Cleanup(gc) => drain(&ctx, &gc).await,
+        }
+    })
+    .await
+    .map_err(Error::from_finalizer)
+}
 
+/// Applies the spec: the operands, pruning, and the status that says how they are doing.
+async fn apply_spec(ctx: &Context, gc: &GPUCluster) -> Result<Action, Error> {
+    let now = Timestamp::now();
     let mut observed = Observed {
         namespace: ctx.settings.namespace.clone(),
         ..Observed::default()
@@ -148,15 +176,15 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     if !served.dra {
         observed.problems.push(Problem::DraApiNotServed);
         write_status(
-            &ctx,
-            &gc,
+            ctx,
+            gc,
             status::status(&observed, gc.metadata.generation, gc.status.as_ref(), now),
         )
         .await?;
         ctx.metrics.ready.set(0);
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
-    ensure_admin_access_label(&ctx).await?;
+    ensure_admin_access_label(ctx).await?;
 
     let cluster_policy = ctx.cluster_policy.borrow().unwrap_or(false);
     observed.features = ctx.features().await;
@@ -180,14 +208,14 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     let desired = render::desired(&gc.spec, &inputs);
     for e in &desired.errors {
         observed.problems.push(Problem::Reconcile(e.to_string()));
-        ctx.event(&gc, EventType::Warning, "InvalidSpec", e.to_string())
+        ctx.event(gc, EventType::Warning, "InvalidSpec", e.to_string())
             .await;
     }
-    let owner = owner_reference(&gc);
+    let owner = owner_reference(gc);
     let mut ready_plugins = ReadyPlugins::default();
     let mut daemonsets = Vec::new();
     for object in &desired.objects {
-        match apply(&ctx, &gc, object, &owner).await {
+        match apply(ctx, gc, object, &owner).await {
             Ok(live) => {
                 // A live object that does not decode is reported, never read as an empty one
                 // (which would make a quietly wrong status).
@@ -207,14 +235,14 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
                 };
                 if let Err(e) = decoded {
                     let message = format!("reading back {}: {e}", object.id());
-                    ctx.event(&gc, EventType::Warning, "DecodeFailed", message.clone())
+                    ctx.event(gc, EventType::Warning, "DecodeFailed", message.clone())
                         .await;
                     observed.problems.push(Problem::Reconcile(message));
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "apply failed");
-                ctx.event(&gc, EventType::Warning, "ApplyFailed", e.to_string())
+                ctx.event(gc, EventType::Warning, "ApplyFailed", e.to_string())
                     .await;
                 observed.problems.push(Problem::Reconcile(e.to_string()));
             }
@@ -222,13 +250,13 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
     }
     if desired.errors.is_empty() {
         let keep = desired.objects.iter().map(Object::id).collect();
-        if let Err(e) = prune(&ctx, &gc, &keep, served.service_monitors).await {
+        if let Err(e) = prune(ctx, gc, &keep, served.service_monitors).await {
             observed.problems.push(Problem::Reconcile(e.to_string()));
         }
     }
     let selectors: Vec<_> = daemonsets.iter().map(node_selector).collect();
     let survey = node_counts(
-        &ctx,
+        ctx,
         ready_plugins,
         &selectors,
         gc.metadata.generation.unwrap_or(0),
@@ -250,7 +278,7 @@ async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Err
         .extend(not_created.into_iter().map(Problem::PodsNotCreated));
     let new_status = status::status(&observed, gc.metadata.generation, gc.status.as_ref(), now);
     let ready = new_status.state == Some(api::gpucluster::State::Ready);
-    write_status(&ctx, &gc, new_status).await?;
+    write_status(ctx, gc, new_status).await?;
     ctx.metrics.ready.set(i64::from(ready));
     Ok(if ready {
         Action::requeue(Duration::from_secs(300))
@@ -276,6 +304,11 @@ fn typed<T: serde::de::DeserializeOwned>(live: &DynamicObject) -> Result<T, serd
 }
 
 fn error_policy(_gc: Arc<GPUCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::Draining(_) = error {
+        // Deletion in progress, not a failure: look again soon.
+        tracing::info!(%error, "deleting");
+        return Action::requeue(Duration::from_secs(2));
+    }
     tracing::warn!(%error, "reconcile failed");
     ctx.metrics
         .errors

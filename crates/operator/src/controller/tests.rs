@@ -14,7 +14,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 use service::fake_api::{self, failure, reply};
 
-use super::{Context, Metrics, Settings, reconcile};
+use super::{Context, Error, Metrics, Settings, error_policy, reconcile};
 use crate::render::DefaultImages;
 
 const NS: &str = "gpu-operator";
@@ -137,6 +137,20 @@ impl FakeApi {
             }
             Method::PATCH => {
                 let patch: Value = serde_json::from_slice(body).unwrap();
+                // A JSON patch (the finalizer's): applied with its test operations, as the
+                // apiserver does.
+                if patch.is_array() {
+                    let ops: json_patch::Patch = serde_json::from_value(patch).unwrap();
+                    return match objects.get_mut(path) {
+                        Some(object) => match apiserver_json_patch(object, &ops) {
+                            Ok(()) => reply(StatusCode::OK, object),
+                            Err(e) => {
+                                fake_api::failure(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &e)
+                            }
+                        },
+                        None => not_found(path),
+                    };
+                }
                 // Server-side apply of a whole object stores it; a merge patch merges into the
                 // stored object.
                 if patch.get("kind").is_some() {
@@ -191,8 +205,8 @@ fn cluster() -> FakeApi {
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
     );
     api.put(
-        "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster",
-        serde_json::to_value(&*gpu_cluster(false, None)).unwrap(),
+        GPU_CLUSTER_PATH,
+        serde_json::to_value(&*gpu_cluster(true, None)).unwrap(),
     );
     api.put(
         "/api/v1/nodes/gpu-node-0",
@@ -215,6 +229,22 @@ fn gpu_cluster(finalizer: bool, status: Option<Value>) -> Arc<GPUCluster> {
     Arc::new(serde_json::from_value(gc).unwrap())
 }
 
+/// A JSON patch as the apiserver applies it: a `test` of `null` passes on a missing field.
+fn apiserver_json_patch(object: &mut Value, ops: &json_patch::Patch) -> Result<(), String> {
+    let metadata = object["metadata"].as_object_mut().unwrap();
+    metadata.entry("finalizers").or_insert(Value::Null);
+    let patched = json_patch::patch(object, ops).map_err(|e| e.to_string());
+    if object["metadata"]["finalizers"].is_null() {
+        object["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("finalizers");
+    }
+    patched
+}
+
+const GPU_CLUSTER_PATH: &str = "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster";
+
 fn daemonset_path(name: &str) -> String {
     format!("/apis/apps/v1/namespaces/{NS}/daemonsets/{name}")
 }
@@ -224,8 +254,23 @@ async fn a_steady_state_reconcile_writes_nothing() {
     let api = cluster();
     let ctx = api.context();
 
-    // The first reconcile creates every operand, the finalizer, the namespace label and a status.
-    reconcile(gpu_cluster(false, None), ctx.clone())
+    // A new GPUCluster first gets the finalizer, and nothing else until that write comes back.
+    api.put(
+        GPU_CLUSTER_PATH,
+        serde_json::to_value(&*gpu_cluster(false, None)).unwrap(),
+    );
+    let action = reconcile(gpu_cluster(false, None), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(action, Action::await_change());
+    assert_eq!(api.writes(), [format!("PATCH {GPU_CLUSTER_PATH}")]);
+    assert_eq!(
+        api.objects.lock().unwrap()[GPU_CLUSTER_PATH]["metadata"]["finalizers"],
+        json!([GPU_CLUSTER_FINALIZER])
+    );
+
+    // Then every operand, the namespace label and a status.
+    reconcile(gpu_cluster(true, None), ctx.clone())
         .await
         .unwrap();
     let first = api.writes();
@@ -257,7 +302,7 @@ async fn a_steady_state_reconcile_writes_nothing() {
 async fn an_operand_left_out_of_the_spec_is_pruned_and_a_foreign_one_kept() {
     let api = cluster();
     let ctx = api.context();
-    reconcile(gpu_cluster(false, None), ctx.clone())
+    reconcile(gpu_cluster(true, None), ctx.clone())
         .await
         .unwrap();
     let owned = |name: &str, uid: &str| {
@@ -289,7 +334,7 @@ async fn an_operand_left_out_of_the_spec_is_pruned_and_a_foreign_one_kept() {
 async fn deletion_drains_claim_consumers_before_the_plugin_then_drops_the_finalizer() {
     let api = cluster();
     let ctx = api.context();
-    reconcile(gpu_cluster(false, None), ctx.clone())
+    reconcile(gpu_cluster(true, None), ctx.clone())
         .await
         .unwrap();
     api.writes();
@@ -303,10 +348,15 @@ async fn deletion_drains_claim_consumers_before_the_plugin_then_drops_the_finali
     let status = api.status.lock().unwrap().clone();
 
     // Consumers (the validator and the exporter hold claims) go first; the plugin stays.
-    let action = reconcile(deleting(status.clone()), ctx.clone())
+    let error = reconcile(deleting(status.clone()), ctx.clone())
         .await
-        .unwrap();
-    assert_ne!(action, Action::await_change(), "the drain must come back");
+        .unwrap_err();
+    assert!(matches!(error, Error::Draining(_)), "{error}");
+    assert_eq!(
+        error_policy(deleting(status.clone()), &error, ctx.clone()),
+        Action::requeue(std::time::Duration::from_secs(2)),
+        "the drain must come back soon"
+    );
     let writes = api.writes();
     let deleted: Vec<&String> = writes.iter().filter(|w| w.starts_with("DELETE")).collect();
     assert!(
@@ -361,7 +411,7 @@ async fn the_status_names_nodes_held_on_dra_and_gpu_nodes_no_plane_serves() {
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-2",
             "labels": {l::GPU_PRESENT: "true", l::ENABLED: "false"}}}),
     );
-    reconcile(gpu_cluster(false, None), api.context())
+    reconcile(gpu_cluster(true, None), api.context())
         .await
         .unwrap();
     let status = api.status.lock().unwrap().clone().unwrap();
