@@ -198,16 +198,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
     if let Some(addr) = config.http_endpoint.0 {
-        let registry = Arc::new(registry);
         let mut stop = shutdown_rx.clone();
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = service::http::serve(addr, registry, health_http, stopped).await {
-                tracing::error!(%addr, error = %e, "metrics server failed");
-            }
-        });
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        service::http::spawn(addr, registry, health_http, stopped);
     }
 
     // The health task ends only if the NVML monitor died: then nothing would notice a GPU fail,

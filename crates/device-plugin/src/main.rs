@@ -7,12 +7,5 @@ use device_plugin::config::Config;
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
     service::logging::init(config.log_format);
-    match device_plugin::app::run(config).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("gpu-device-plugin failed: {e:#}");
-            eprintln!("gpu-device-plugin: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    service::binary::exit_code("gpu-device-plugin", device_plugin::app::run(config).await)
 }

@@ -230,13 +230,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
     if let Some(addr) = config.http_endpoint.0 {
-        let registry = Arc::new(registry);
-        let stop = shutdown.wait();
-        tokio::spawn(async move {
-            if let Err(e) = service::http::serve(addr, registry, ready, stop).await {
-                tracing::error!(%addr, error = %e, "metrics server failed");
-            }
-        });
+        service::http::spawn(addr, registry, ready, shutdown.wait());
     }
 
     tracing::info!(registration = %paths.registration.display(), dra = %paths.dra.display(), "serving the kubelet");

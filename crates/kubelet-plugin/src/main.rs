@@ -7,12 +7,5 @@ use kubelet_plugin::config::Config;
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
     service::logging::init(config.log_format);
-    match kubelet_plugin::app::run(config).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("gpu-kubelet-plugin failed: {e:#}");
-            eprintln!("gpu-kubelet-plugin: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    service::binary::exit_code("gpu-kubelet-plugin", kubelet_plugin::app::run(config).await)
 }

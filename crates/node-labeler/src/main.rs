@@ -1,12 +1,11 @@
 //! `node-labeler`: decides which GPU stack serves each node and writes it as node labels.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use api::AllocationMode;
 use clap::Parser;
 use node_labeler::controller::{self, Metrics, Settings};
-use service::leader::{self, Election};
+use service::leader::Election;
 use service::logging::LogFormat;
 
 /// Labels GPU nodes with their allocation mode and the deploy labels of the stack that serves them.
@@ -44,41 +43,26 @@ struct Args {
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     service::logging::init(args.log_format);
-    match run(args).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("node-labeler: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    service::binary::exit_code("node-labeler", run(args).await)
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let client = service::kube_client("gpu-operator-node-labeler").await?;
     let metrics = Metrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let health = service::http::Health::default();
-    let shutdown = service::shutdown::Shutdown::on_signal();
-    tokio::spawn(service::http::serve(
-        args.http_endpoint,
-        Arc::new(registry),
-        health.clone(),
-        shutdown.wait(),
-    ));
-
-    let election = args
-        .leader_elect
-        .then(|| Election::new(&args.namespace, "gpu-operator-node-labeler", &args.identity));
-    // Ready while standing by too: a replica waiting for the Lease is healthy, and a rollout of
-    // two replicas would otherwise never finish.
-    health.set_ready(true);
-    let work = async {
-        controller::run(client.clone(), settings(&args), metrics, shutdown.wait()).await;
+    let process = service::binary::Controller {
+        user_agent: "gpu-operator-node-labeler",
+        http_endpoint: args.http_endpoint,
+        election: args
+            .leader_elect
+            .then(|| Election::new(&args.namespace, "gpu-operator-node-labeler", &args.identity)),
     };
-    leader::lead(client.clone(), election, shutdown.wait(), work).await?;
-    Ok(())
+    let settings = settings(&args);
+    process
+        .run(registry, |client, shutdown| {
+            controller::run(client, settings, metrics, shutdown.wait())
+        })
+        .await
 }
 
 fn settings(args: &Args) -> Settings {

@@ -1,13 +1,12 @@
 //! `gpu-operator`: reconciles the `GPUCluster` singleton into the DRA stack's operands.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use operator::controller::{self, Metrics, Settings};
 use operator::render::DefaultImages;
-use service::leader::{self, Election};
+use service::leader::Election;
 use service::logging::LogFormat;
 
 /// Turns the GPUCluster into the DRA GPU stack and reports whether it works.
@@ -104,18 +103,18 @@ async fn main() -> std::process::ExitCode {
     if std::env::args().nth(1).as_deref() == Some("cleanup") {
         let args = CleanupArgs::parse_from(std::env::args().skip(1));
         service::logging::init(args.log_format);
-        return exit(cleanup(args.timeout).await);
+        return service::binary::exit_code("gpu-operator", cleanup(args.timeout).await);
     }
     if std::env::args().nth(1).as_deref() == Some("migrate") {
         let MigrateArgs {
             what: MigrateWhat::Quotas { apply },
         } = MigrateArgs::parse_from(std::env::args().skip(1));
         service::logging::init(LogFormat::Text);
-        return exit(migrate_quotas(apply).await);
+        return service::binary::exit_code("gpu-operator", migrate_quotas(apply).await);
     }
     let args = Args::parse();
     service::logging::init(args.log_format);
-    exit(run(args).await)
+    service::binary::exit_code("gpu-operator", run(args).await)
 }
 
 async fn migrate_quotas(apply: bool) -> Result<(), Box<dyn std::error::Error>> {
@@ -129,50 +128,30 @@ async fn cleanup(timeout: Duration) -> Result<(), Box<dyn std::error::Error>> {
     Ok(operator::cleanup::run(client, timeout).await?)
 }
 
-fn exit(result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("gpu-operator: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let client = service::kube_client("gpu-operator").await?;
     let metrics = Metrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let health = service::http::Health::default();
-    let shutdown = service::shutdown::Shutdown::on_signal();
-    tokio::spawn(service::http::serve(
-        args.http_endpoint,
-        Arc::new(registry),
-        health.clone(),
-        shutdown.wait(),
-    ));
-
     let settings = Settings {
         namespace: args.namespace.clone(),
         images: DefaultImages {
-            dra_driver: args.dra_driver_image.clone(),
-            validator: args.validator_image.clone(),
-            compute_domain: args.compute_domain_image.clone(),
-            dcgm: args.dcgm_image.clone(),
-            dcgm_exporter: args.dcgm_exporter_image.clone(),
+            dra_driver: args.dra_driver_image,
+            validator: args.validator_image,
+            compute_domain: args.compute_domain_image,
+            dcgm: args.dcgm_image,
+            dcgm_exporter: args.dcgm_exporter_image,
         },
     };
-    let election = args
-        .leader_elect
-        .then(|| Election::new(&args.namespace, "gpu-operator", &args.identity));
-    // Ready while standing by too: a replica waiting for the Lease is healthy, and a rollout of
-    // two replicas would otherwise never finish.
-    health.set_ready(true);
-    let work = async {
-        controller::run(client.clone(), settings, metrics, shutdown.wait()).await;
+    let process = service::binary::Controller {
+        user_agent: "gpu-operator",
+        http_endpoint: args.http_endpoint,
+        election: args
+            .leader_elect
+            .then(|| Election::new(&args.namespace, "gpu-operator", &args.identity)),
     };
-    leader::lead(client.clone(), election, shutdown.wait(), work).await?;
-    Ok(())
+    process
+        .run(registry, |client, shutdown| {
+            controller::run(client, settings, metrics, shutdown.wait())
+        })
+        .await
 }

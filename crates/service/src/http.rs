@@ -60,6 +60,21 @@ pub async fn serve(
         .await
 }
 
+/// Serves [`router`] on `addr` in the background until `shutdown` resolves; a failure (the port is
+/// taken) is logged, and the process keeps running without its metrics.
+pub fn spawn(
+    addr: SocketAddr,
+    registry: Registry,
+    health: Health,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(e) = serve(addr, Arc::new(registry), health, shutdown).await {
+            tracing::error!(%addr, error = %e, "metrics server failed");
+        }
+    });
+}
+
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, &state.registry) {

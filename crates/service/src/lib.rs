@@ -1,6 +1,7 @@
 //! What every long-running binary of gpu-operator-rs needs: logging, a metrics registry served with
 //! health endpoints, shutdown on SIGTERM, a kube client and Lease-based leader election.
 
+pub mod binary;
 pub mod fake_api;
 pub mod http;
 pub mod leader;

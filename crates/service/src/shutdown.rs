@@ -27,7 +27,7 @@ impl Shutdown {
     }
 
     /// Resolves once shutdown was requested.
-    pub fn wait(&self) -> impl std::future::Future<Output = ()> + Send + Sync + 'static {
+    pub fn wait(&self) -> impl std::future::Future<Output = ()> + Send + Sync + use<> {
         let mut rx = self.0.clone();
         async move {
             let _ = rx.wait_for(|stop| *stop).await;
