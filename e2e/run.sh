@@ -2,28 +2,34 @@
 # Runs the end-to-end suite (e2e/tests) on a local cluster of its own: `hack/cluster up` in
 # .cluster/e2e on ports from E2E_PORT_BASE (default 28000), `cargo test -p e2e`, then `down`, pass or
 # fail. Logs of the cluster and of the processes the tests start are kept in .cluster/e2e-logs.
+# With SHARED_CLUSTER=1 (hack/test/cluster-suites.sh) it runs on the cluster in $CLUSTER_DIR, which
+# stays up.
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_DIR"
 export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
-export CLUSTER_DIR="$REPO_DIR/.cluster/e2e"
-export PORT_BASE="${E2E_PORT_BASE:-28000}"
-export NODES="${NODES:-4}" CPU_NODES="${CPU_NODES:-2}"
+if [[ -z "${SHARED_CLUSTER:-}" ]]; then
+  export CLUSTER_DIR="$REPO_DIR/.cluster/e2e"
+  export PORT_BASE="${E2E_PORT_BASE:-28000}"
+  export NODES="${NODES:-4}" CPU_NODES="${CPU_NODES:-2}"
+fi
 KEEP_LOGS="$REPO_DIR/.cluster/e2e-logs"
 
 finish() {
   local rc=$?
   rm -rf "$KEEP_LOGS" && mkdir -p "$KEEP_LOGS"
   cp -r "$CLUSTER_DIR/logs/." "$KEEP_LOGS/" 2>/dev/null || true
-  hack/cluster down >/dev/null 2>&1 || hack/cluster down
+  if [[ -z "${SHARED_CLUSTER:-}" ]]; then
+    hack/cluster down >/dev/null 2>&1 || hack/cluster down
+  fi
   if ((rc == 0)); then echo "e2e: PASS"; else echo "e2e: FAIL (logs in $KEEP_LOGS)" >&2; fi
   exit "$rc"
 }
 trap finish EXIT
 
-hack/cluster up
+[[ -n "${SHARED_CLUSTER:-}" ]] || hack/cluster up
 export E2E_KUBECONFIG="$CLUSTER_DIR/kubeconfig" E2E_CLUSTER_DIR="$CLUSTER_DIR"
 export E2E_BIN_DIR="$CARGO_TARGET_DIR/debug"
 export E2E_LOG_DIR="$CLUSTER_DIR/logs/e2e"

@@ -39,7 +39,7 @@ HACK_BUSYBOX_IMAGE := gpu-operator-rs.dev/test/busybox:1
 HACK_BUSYBOX_TOOLS := sh ls cat env echo sleep test grep true false wget nc ip mount stat find head tail wc
 HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
 
-.PHONY: images test-images hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-real-nodes
+.PHONY: images test-images hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-cluster-suites test-real-nodes
 
 hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) $(HACK_CONTAINERD_STAMP) $(HACK_IMAGES_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
 	@for l in $(HACK_K8S_LINKS); do [ -L $(HACK_BIN)/$$l ] || ln -sfn k8s $(HACK_BIN)/$$l; done
@@ -116,14 +116,18 @@ cluster-status: ## Show the local cluster's processes and nodes
 test-cluster: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) ## Smoke test: own cluster, real scheduler allocates a claim, mini-kubelet prepares it
 	CACHE_DIR=$(CACHE_DIR) hack/test/smoke.sh
 
-TEST_TARGETS += test-cluster
 
 # The kubelet plugin alone against the kubelet's DRA code: slices, prepare, kubelet and plugin
 # restarts, SIGTERM, a corrupted checkpoint (about 30 s).
 test-kubelet-plugin-cluster: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_KWOK_STAMP) ## Kubelet plugin on its own local cluster (crates/kubelet-plugin/tests/cluster/check.sh)
 	CACHE_DIR=$(CACHE_DIR) crates/kubelet-plugin/tests/cluster/check.sh
 
-TEST_TARGETS += test-kubelet-plugin-cluster
+# The three suites above on one cluster, brought up once: what `make test` runs.
+test-cluster-suites: hack-tools ## Smoke test, kubelet plugin check and e2e suite on one local cluster (hack/test/cluster-suites.sh)
+	$(CARGO) build --workspace --bins --locked
+	CACHE_DIR=$(CACHE_DIR) hack/test/cluster-suites.sh
+
+TEST_TARGETS += test-cluster-suites
 
 # Real nodes (a real kubelet, containerd and kube-proxy each) beside a KWOK node: pods, logs, exec,
 # Service VIP, pod to pod, a DRA claim prepared through the real kubelet with CDI injection, clean down.

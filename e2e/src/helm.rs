@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use crate::Env;
 
 fn repo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate::manifest_dir()
         .parent()
         .expect("e2e/ is inside the repository")
         .to_path_buf()

@@ -15,6 +15,14 @@ use kube::api::{Patch, PatchParams};
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The e2e crate's folder: where `cargo test` says it is when it runs the tests, so a test binary
+/// built in a target shared by clones still finds this clone's scripts.
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// Where the running cluster and our built binaries are.
 #[derive(Clone, Debug)]
 pub struct Env {
@@ -43,7 +51,7 @@ impl Env {
             .unwrap_or_else(|| {
                 let target = std::env::var_os("CARGO_TARGET_DIR")
                     .map(PathBuf::from)
-                    .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+                    .unwrap_or_else(|| manifest_dir().join("../target"));
                 target.join("debug")
             });
         let log_dir = std::env::var_os("E2E_LOG_DIR")

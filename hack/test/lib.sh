@@ -45,7 +45,7 @@ summary() {
   echo
   echo "================ $1 ================"
   printf '%s\n' "${results[@]}"
-  if ((failed)); then echo "RESULT: FAIL (cluster logs kept in $REPO_DIR/.cluster/$TEST_NAME-logs)"; else echo "RESULT: PASS"; fi
+  if ((failed)); then echo "RESULT: FAIL (cluster logs kept in ${KEEP_LOGS:-$REPO_DIR/.cluster/$TEST_NAME-logs})"; else echo "RESULT: PASS"; fi
   echo "======================================================"
 }
 
@@ -81,6 +81,17 @@ finish_cluster_test() {
   fi
   rm -rf "$CLUSTER_DIR"
   summary "$title"
+  ((failed == 0)) || exit 1
+  exit 0
+}
+
+# finish_suite RC TITLE: the end of a cluster test that ran on a shared cluster (SHARED_CLUSTER=1),
+# from its EXIT trap after it removed what it made: the summary and the verdict; the cluster stays up.
+finish_suite() {
+  local rc=$1
+  ((rc == 0 || failed)) || fail "aborted with exit code $rc (see the output above)"
+  if ((failed)) && [[ -n "${EVENTS:-}" && -f "${EVENTS:-}" ]]; then cp "$EVENTS" "$CLUSTER_DIR/logs/" 2>/dev/null || true; fi
+  summary "$2"
   ((failed == 0)) || exit 1
   exit 0
 }

@@ -5,7 +5,8 @@
 # while no DRA plugin is registered on the node; once the stand-in plugin (hack/test/fake-dra-plugin)
 # registers in that node's plugins_registry the mini-kubelet calls NodePrepareResources and only then
 # the pod runs; deleting the pod makes the mini-kubelet call NodeUnprepareResources. Tears everything
-# down on exit, pass or fail, and checks that no process or port is left behind.
+# down on exit, pass or fail, and checks that no process or port is left behind (on a shared cluster,
+# removes its objects and the stand-in plugin only).
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,10 +17,14 @@ TEST_NAME=smoke
 source "$HACK_DIR/test/lib.sh"
 # A port base whose five ports are all free (another smoke test or a dev cluster may be running), and
 # a state folder of its own for it.
-PORT_BASE="$(free_port_base 27000 smoke)"
-export PORT_BASE
-export CLUSTER_DIR="$REPO_DIR/.cluster/smoke-$PORT_BASE"
-export NODES=2 CPU_NODES=1
+# With SHARED_CLUSTER=1 (hack/test/cluster-suites.sh) it runs on the cluster in $CLUSTER_DIR instead, and
+# removes what it made rather than taking the cluster down.
+if [[ -z "${SHARED_CLUSTER:-}" ]]; then
+  PORT_BASE="$(free_port_base 27000 smoke)"
+  export PORT_BASE
+  export CLUSTER_DIR="$REPO_DIR/.cluster/smoke-$PORT_BASE"
+  export NODES=2 CPU_NODES=1
+fi
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 NODE=gpu-node-0
 DRIVER=gpu.fake.example.com
@@ -34,6 +39,12 @@ cleanup() {
     kill -TERM "$PLUGIN_PID" 2>/dev/null || true
     wait "$PLUGIN_PID" 2>/dev/null || true
   fi
+  if [[ -n "${SHARED_CLUSTER:-}" ]]; then
+    k delete namespace "$NS" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1 || true
+    k delete deviceclass fake-gpu --ignore-not-found >/dev/null 2>&1 || true
+    k delete resourceslice "$NODE-$DRIVER" --ignore-not-found >/dev/null 2>&1 || true
+    finish_suite "$rc" "cluster smoke test"
+  fi
   finish_cluster_test "$rc" "cluster smoke test" "no process and no port left behind"
 }
 trap cleanup EXIT
@@ -41,8 +52,10 @@ trap 'exit 130' INT TERM
 
 # --- cluster up -------------------------------------------------------------------------------------
 t0=$SECONDS
-"$HACK_DIR/cluster" up
-pass "cluster up: $((NODES + CPU_NODES)) fake nodes Ready in $((SECONDS - t0))s"
+if [[ -z "${SHARED_CLUSTER:-}" ]]; then
+  "$HACK_DIR/cluster" up
+  pass "cluster up: $((NODES + CPU_NODES)) fake nodes Ready in $((SECONDS - t0))s"
+fi
 NODE_ROOT="$(readlink "$CLUSTER_DIR/nodes")/$NODE/kubelet"
 
 api="$(k get --raw /apis/resource.k8s.io/v1)"

@@ -37,9 +37,26 @@ pub fn mock_library() -> &'static Path {
     })
 }
 
+/// The workspace of the running test: above the folder `cargo test` names as the crate's (a test
+/// binary in a target shared by clones may have been built by another clone), else above this
+/// crate's.
+fn workspace_dir() -> PathBuf {
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    crate_dir
+        .ancestors()
+        .find(|dir| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|toml| toml.contains("[workspace]"))
+        })
+        .unwrap_or(&crate_dir)
+        .to_path_buf()
+}
+
 fn build_mock() -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let manifest = workspace_dir().join("Cargo.toml");
     let output = Command::new(&cargo)
         .args([
             "build",

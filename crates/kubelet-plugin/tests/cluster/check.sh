@@ -8,13 +8,18 @@
 # Brings up its own cluster (2 GPU nodes) in a temp dir on PORT_BASE (default 31000), runs one
 # plugin per node from target/debug with mock-nvml driver roots (gpu-node-0: A100 x8,
 # gpu-node-1: A100 MIG mixed layout x2), prints PASS/FAIL per point and tears everything down.
+# With SHARED_CLUSTER=1 (hack/test/cluster-suites.sh) it runs on the cluster in $CLUSTER_DIR
+# instead, and removes what it made (plugins, their state, slices, class, pods) rather than the
+# cluster.
 set -Euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)"
 TARGET="${CARGO_TARGET_DIR:-$HOME/.cache/gpu-operator-rs/target}"
 BIN="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}/bin"
 WORK="$(mktemp -d /tmp/kp-check.XXXXXX)"
-export CLUSTER_DIR="$WORK/cluster" PORT_BASE="${PORT_BASE:-31000}" NODES=2 CPU_NODES=0
+if [[ -z "${SHARED_CLUSTER:-}" ]]; then
+  export CLUSTER_DIR="$WORK/cluster" PORT_BASE="${PORT_BASE:-31000}" NODES=2 CPU_NODES=0
+fi
 export KUBECONFIG="$CLUSTER_DIR/kubeconfig" PATH="$BIN:$PATH"
 failures=0
 pass() { printf 'PASS %s\n' "$*"; }
@@ -26,13 +31,23 @@ declare -A PIDS=()
 cleanup() {
   for node in "${!PIDS[@]}"; do kill "${PIDS[$node]}" 2>/dev/null; done
   wait 2>/dev/null
-  "$REPO/hack/cluster" down >/dev/null 2>&1
+  if [[ -n "${SHARED_CLUSTER:-}" ]]; then
+    kubectl delete pod gpu-pod gpu-pod-2 --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1
+    kubectl delete resourceclaimtemplate one-gpu --ignore-not-found >/dev/null 2>&1
+    kubectl delete deviceclass gpu.nvidia.com --ignore-not-found >/dev/null 2>&1
+    kubectl delete resourceslices --field-selector spec.driver=gpu.nvidia.com >/dev/null 2>&1
+    local nodes
+    nodes="$(readlink "$CLUSTER_DIR/nodes")"
+    rm -rf "$nodes"/gpu-node-{0,1}/kubelet/plugins/gpu.nvidia.com
+  else
+    "$REPO/hack/cluster" down >/dev/null 2>&1
+  fi
   if ((failures)); then echo "logs kept in $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
 (cd "$REPO" && cargo build -q -p kubelet-plugin -p mock-nvml -p validator) || exit 1
-"$REPO/hack/cluster" up >/dev/null || exit 1
+[[ -n "${SHARED_CLUSTER:-}" ]] || "$REPO/hack/cluster" up >/dev/null || exit 1
 
 driver_root() { # node profile gpus: a host root with the mock driver, validated as the init container does
   "$REPO/hack/fake-driver-root" "$WORK/$1/host" "$2" "$3" "$TARGET/debug/libmock_nvml.so"
