@@ -153,15 +153,43 @@ impl Process {
 
     /// The last lines of its log, for failure messages.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        log_tail(&self.log_path)
     }
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The last 30 lines of a log file, for failure messages.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// Runs one behaviour of a scenario: prints how long it took, and when it fails names it in the
+/// error with the tails of `logs` (of the processes that should have done the work).
+pub async fn step<T>(
+    behaviour: &str,
+    logs: &[&Path],
+    work: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    match work.await {
+        Ok(value) => {
+            eprintln!("ok   {behaviour} ({:.1}s)", start.elapsed().as_secs_f64());
+            Ok(value)
+        }
+        Err(e) => {
+            let tails: Vec<String> = logs
+                .iter()
+                .map(|log| format!("--- {}:\n{}", log.display(), log_tail(log)))
+                .collect();
+            Err(e.context(format!("FAILED: {behaviour}\n{}", tails.join("\n"))))
+        }
     }
 }
 

@@ -2,12 +2,12 @@
 //! operand waits, spec edits add and prune operands, hand edits are undone, an idle operator
 //! writes nothing, and deletion drains claim consumers before the plugin.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use api::GPUCluster;
 use api::contract::{labels as l, objects as o};
-use e2e::{Env, Process, eventually, install_crd, metric, set_spec};
+use e2e::{Env, Process, eventually, install_crd, metric, set_spec, step};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -60,12 +60,140 @@ fn start(env: &Env) -> anyhow::Result<(Process, Process)> {
     Ok((operator, labeler))
 }
 
+/// The cluster-side objects the scenario reads and writes.
+struct Apis {
+    client: kube::Client,
+    namespaces: Api<Namespace>,
+    gcs: Api<GPUCluster>,
+    daemonsets: Api<DaemonSet>,
+    deployments: Api<Deployment>,
+    classes: Api<DeviceClass>,
+    templates: Api<ResourceClaimTemplate>,
+    services: Api<Service>,
+}
+
+impl Apis {
+    fn new(client: &kube::Client) -> Self {
+        Apis {
+            client: client.clone(),
+            namespaces: Api::all(client.clone()),
+            gcs: Api::all(client.clone()),
+            daemonsets: Api::namespaced(client.clone(), NS),
+            deployments: Api::namespaced(client.clone(), NS),
+            classes: Api::all(client.clone()),
+            templates: Api::namespaced(client.clone(), NS),
+            services: Api::namespaced(client.clone(), NS),
+        }
+    }
+}
+
+fn replica(env: &Env, log: &str, metrics: &str, pod: &str) -> anyhow::Result<Process> {
+    env.spawn(
+        "gpu-operator",
+        log,
+        &[
+            ("OPERATOR_NAMESPACE", NS),
+            ("HTTP_ENDPOINT", metrics),
+            ("POD_NAME", pod),
+        ],
+    )
+}
+
+/// One scenario in named steps, each a behaviour a cluster admin would notice; a failure names
+/// its step and shows the log of the replica that should have acted.
 #[tokio::test]
 #[ignore = "needs the local cluster: make test-e2e runs it"]
 async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     let env = Env::from_env()?;
     let client = env.client().await?;
     install_crd(&client).await?;
+    prepare_namespace(&client).await?;
+    let (operator, _labeler) = start(&env)?;
+    // A second replica: it must stay idle while the first holds the Lease.
+    let standby = replica(
+        &env,
+        "gpu-operator-standby",
+        STANDBY_METRICS,
+        "operator-e2e-standby",
+    )?;
+    let apis = Apis::new(&client);
+    let first = operator.log_path.clone();
+    let second = standby.log_path.clone();
+    let logs: &[&Path] = &[&first, &second];
+
+    step(
+        "an empty GPUCluster gets every default operand",
+        logs,
+        every_default_operand(&apis),
+    )
+    .await?;
+    step(
+        "status names the operands that wait",
+        logs,
+        status_names_waiting_operands(&apis),
+    )
+    .await?;
+    step(
+        "hand edits and deletions are undone",
+        logs,
+        hand_edits_undone(&apis),
+    )
+    .await?;
+    step(
+        "spec edits add and prune operands",
+        logs,
+        spec_edits_add_and_prune(&apis),
+    )
+    .await?;
+    step(
+        "status names a missing PriorityClass",
+        logs,
+        missing_priority_class(&apis),
+    )
+    .await?;
+    step(
+        "an idle operator writes nothing and keeps a webhook's fields",
+        logs,
+        idle_writes_nothing(&apis),
+    )
+    .await?;
+    let (leader, standby) = step(
+        "the replica without the Lease does nothing",
+        logs,
+        who_leads(&apis, operator, standby),
+    )
+    .await?;
+    let rss = leader.rss_kib().unwrap_or_default();
+    let stopping = step(
+        "a standby takes over from a dead leader",
+        logs,
+        standby_takes_over(&apis, leader, standby),
+    )
+    .await?;
+    let third = replica(
+        &env,
+        "gpu-operator-third",
+        THIRD_METRICS,
+        "operator-e2e-third",
+    )?;
+    let logs: &[&Path] = &[&stopping.log_path.clone(), &third.log_path.clone()];
+    step(
+        "a SIGTERMed leader releases the Lease",
+        logs,
+        sigterm_releases_the_lease(&apis, stopping),
+    )
+    .await?;
+    step(
+        "deletion drains claim consumers before the plugin",
+        logs,
+        deletion_drains_consumers_first(&apis),
+    )
+    .await?;
+    eprintln!("operator: RSS of the first leader while idle: {rss} KiB");
+    Ok(())
+}
+
+async fn prepare_namespace(client: &kube::Client) -> anyhow::Result<()> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
         .patch(
@@ -97,33 +225,18 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             )
             .await?;
     }
-    let (operator, _labeler) = start(&env)?;
-    // A second replica: it must stay idle while the first holds the Lease.
-    let standby = env.spawn(
-        "gpu-operator",
-        "gpu-operator-standby",
-        &[
-            ("OPERATOR_NAMESPACE", NS),
-            ("HTTP_ENDPOINT", STANDBY_METRICS),
-            ("POD_NAME", "operator-e2e-standby"),
-        ],
-    )?;
-    let gcs: Api<GPUCluster> = Api::all(client.clone());
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    let classes: Api<DeviceClass> = Api::all(client.clone());
-    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
-    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    Ok(())
+}
 
+async fn every_default_operand(apis: &Apis) -> anyhow::Result<()> {
     let created = Instant::now();
-    set_spec(&gcs, json!({})).await?;
+    set_spec(&apis.gcs, json!({})).await?;
     let all_there = eventually(Duration::from_secs(60), "every default operand", || async {
-        let ds = names(&daemonsets).await?;
-        let classes = names(&classes).await?;
+        let ds = names(&apis.daemonsets).await?;
+        let classes = names(&apis.classes).await?;
         Ok((ds.len() == 5 && classes.len() == 5).then_some((ds, classes)))
     })
-    .await
-    .with_context(|| operator.log_tail())?;
+    .await?;
     assert_eq!(
         all_there.0,
         [
@@ -134,24 +247,27 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             o::OPERATOR_VALIDATOR_DAEMONSET,
         ]
     );
-    assert_eq!(names(&deployments).await?, [o::COMPUTE_DOMAIN_CONTROLLER]);
     assert_eq!(
-        names(&templates).await?,
+        names(&apis.deployments).await?,
+        [o::COMPUTE_DOMAIN_CONTROLLER]
+    );
+    assert_eq!(
+        names(&apis.templates).await?,
         [o::DCGM_EXPORTER_CLAIM_TEMPLATE, o::VALIDATOR_CLAIM_TEMPLATE]
     );
-    assert_eq!(names(&services).await?, [o::DCGM_EXPORTER_DAEMONSET]);
+    assert_eq!(names(&apis.services).await?, [o::DCGM_EXPORTER_DAEMONSET]);
     assert_eq!(
-        names(&Api::<ValidatingAdmissionPolicy>::all(client.clone())).await?,
+        names(&Api::<ValidatingAdmissionPolicy>::all(apis.client.clone())).await?,
         [o::RESOURCESLICE_POLICY]
     );
     assert_eq!(
         names(&Api::<ValidatingAdmissionPolicyBinding>::all(
-            client.clone()
+            apis.client.clone()
         ))
         .await?,
         [o::RESOURCESLICE_POLICY]
     );
-    let ns = namespaces.get(NS).await?;
+    let ns = apis.namespaces.get(NS).await?;
     assert_eq!(
         ns.labels()
             .get(l::ADMIN_ACCESS_NAMESPACE)
@@ -162,13 +278,16 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         "operator: every operand created {:.1}s after the GPUCluster",
         created.elapsed().as_secs_f64()
     );
+    Ok(())
+}
 
-    // No plugin prepares claims here, so the claim consumers are held back: status must say so.
+/// No plugin prepares claims here, so the claim consumers are held back: status must say so.
+async fn status_names_waiting_operands(apis: &Apis) -> anyhow::Result<()> {
     let gc = eventually(
         Duration::from_secs(60),
         "status naming the operands that wait",
         || async {
-            let gc = gcs.get("gpu-cluster").await?;
+            let gc = apis.gcs.get("gpu-cluster").await?;
             let status = gc.status.clone().unwrap_or_default();
             let validator = status
                 .operands
@@ -177,8 +296,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             Ok(validator.filter(|v| v.desired > 0 && !v.ready).map(|_| gc))
         },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
+    .await?;
     let status = gc.status.unwrap();
     assert_eq!(status.state, Some(api::gpucluster::State::NotReady));
     let ready = status
@@ -197,15 +315,18 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         "{:?}",
         status.nodes
     );
+    Ok(())
+}
 
-    // Hand edits and deletions are undone.
-    daemonsets
+/// Hand edits and deletions are undone.
+async fn hand_edits_undone(apis: &Apis) -> anyhow::Result<()> {
+    apis.daemonsets
         .delete(o::VALIDATOR_DAEMONSET, &DeleteParams::default())
         .await?;
-    classes
+    apis.classes
         .delete(o::DEVICE_CLASS_MIG, &DeleteParams::default())
         .await?;
-    deployments
+    apis.deployments
         .patch(o::COMPUTE_DOMAIN_CONTROLLER, &PatchParams::default(),
                &Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [{"name": "compute-domain-controller", "image": "evil:latest"}]}}}})))
         .await?;
@@ -213,12 +334,13 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         Duration::from_secs(30),
         "deleted and edited operands restored",
         || async {
-            let ds_back = daemonsets
+            let ds_back = apis
+                .daemonsets
                 .get_opt(o::VALIDATOR_DAEMONSET)
                 .await?
                 .is_some_and(|d| d.metadata.deletion_timestamp.is_none());
-            let class_back = classes.get_opt(o::DEVICE_CLASS_MIG).await?.is_some();
-            let d = deployments.get(o::COMPUTE_DOMAIN_CONTROLLER).await?;
+            let class_back = apis.classes.get_opt(o::DEVICE_CLASS_MIG).await?.is_some();
+            let d = apis.deployments.get(o::COMPUTE_DOMAIN_CONTROLLER).await?;
             let image = d
                 .spec
                 .and_then(|s| s.template.spec)
@@ -226,12 +348,14 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             Ok((ds_back && class_back && image.as_deref() != Some("evil:latest")).then_some(()))
         },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
+    .await?;
+    Ok(())
+}
 
-    // Spec edits add and prune operands.
+/// Spec edits add and prune operands.
+async fn spec_edits_add_and_prune(apis: &Apis) -> anyhow::Result<()> {
     set_spec(
-        &gcs,
+        &apis.gcs,
         json!({"dcgmExporter": {"enabled": false}, "dcgm": {"enabled": true},
                           "devicePlugin": {"enabled": false},
                           "draDriver": {"computeDomains": {"enabled": false}}}),
@@ -241,8 +365,8 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         Duration::from_secs(30),
         "exporter and device plugin pruned, DCGM added, ComputeDomains gone",
         || async {
-            let ds = names(&daemonsets).await?;
-            let plugin = daemonsets.get(o::KUBELET_PLUGIN_DAEMONSET).await?;
+            let ds = names(&apis.daemonsets).await?;
+            let plugin = apis.daemonsets.get(o::KUBELET_PLUGIN_DAEMONSET).await?;
             let containers = plugin
                 .spec
                 .and_then(|s| s.template.spec)
@@ -253,35 +377,37 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
                     o::DCGM_DAEMONSET,
                     o::KUBELET_PLUGIN_DAEMONSET,
                     o::VALIDATOR_DAEMONSET,
-                ] && names(&deployments).await?.is_empty()
-                    && names(&classes).await?.len() == 3
-                    && names(&templates).await?
+                ] && names(&apis.deployments).await?.is_empty()
+                    && names(&apis.classes).await?.len() == 3
+                    && names(&apis.templates).await?
                         == [o::DCGM_CLAIM_TEMPLATE, o::VALIDATOR_CLAIM_TEMPLATE]
-                    && names(&services).await? == [o::DCGM_DAEMONSET]
+                    && names(&apis.services).await? == [o::DCGM_DAEMONSET]
                     && containers == 1;
             Ok(ok.then_some(()))
         },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
-    set_spec(&gcs, json!({})).await?;
+    .await?;
+    set_spec(&apis.gcs, json!({})).await?;
     eventually(Duration::from_secs(30), "defaults back", || async {
         Ok(
-            (names(&daemonsets).await?.len() == 5 && names(&classes).await?.len() == 5)
+            (names(&apis.daemonsets).await?.len() == 5 && names(&apis.classes).await?.len() == 5)
                 .then_some(()),
         )
     })
     .await?;
+    Ok(())
+}
 
-    // A PriorityClass that does not exist: the DaemonSet controller cannot create the operands'
-    // pods, and the status says why (its FailedCreate Events), not only how many pods are missing.
+/// A PriorityClass that does not exist: the DaemonSet controller cannot create the operands'
+/// pods, and the status says why (its FailedCreate Events), not only how many pods are missing.
+async fn missing_priority_class(apis: &Apis) -> anyhow::Result<()> {
     let ready_condition = || async {
-        let gc = gcs.get("gpu-cluster").await?;
+        let gc = apis.gcs.get("gpu-cluster").await?;
         let status = gc.status.unwrap_or_default();
         Ok::<_, anyhow::Error>(status.conditions.into_iter().find(|c| c.type_ == "Ready"))
     };
     set_spec(
-        &gcs,
+        &apis.gcs,
         json!({"daemonsets": {"priorityClassName": "e2e-missing-class"}}),
     )
     .await?;
@@ -296,10 +422,9 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             }))
         },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
+    .await?;
     eprintln!("operator: {}", blocked.message);
-    set_spec(&gcs, json!({})).await?;
+    set_spec(&apis.gcs, json!({})).await?;
     eventually(
         Duration::from_secs(90),
         "the pod-creation failure gone once the spec is fixed",
@@ -310,17 +435,19 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
                 .map(|_| ()))
         },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
+    .await?;
+    Ok(())
+}
 
-    // Idle: no writes of any kind from either replica, even after a mutating webhook (played by
-    // another field manager) added a sidecar and an env var to the plugin's pods: those fields are
-    // not the operator's, so it leaves them.
+/// Idle: no writes of any kind from either replica, even after a mutating webhook (played by
+/// another field manager) added a sidecar and an env var to the plugin's pods: those fields are
+/// not the operator's, so it leaves them.
+async fn idle_writes_nothing(apis: &Apis) -> anyhow::Result<()> {
     let webhook = PatchParams {
         field_manager: Some("e2e-webhook".into()),
         ..PatchParams::default()
     };
-    daemonsets
+    apis.daemonsets
         .patch(
             o::KUBELET_PLUGIN_DAEMONSET,
             &webhook,
@@ -348,7 +475,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
     for (c, b) in counters.iter().zip(&before) {
         assert_eq!(both(c).await?, *b, "{c} changed while idle");
     }
-    let plugin = daemonsets.get(o::KUBELET_PLUGIN_DAEMONSET).await?;
+    let plugin = apis.daemonsets.get(o::KUBELET_PLUGIN_DAEMONSET).await?;
     let containers = plugin
         .spec
         .and_then(|s| s.template.spec)
@@ -363,19 +490,25 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
                 .any(|e| e.name == "INJECTED_BY_WEBHOOK")),
         "the webhook's sidecar or env var was removed"
     );
+    Ok(())
+}
 
-    // Leader election: whichever replica holds the Lease did all the work, the other none; when the
-    // leader dies the other takes over.
-    let lease = Api::<Lease>::namespaced(client.clone(), NS)
+/// Which replica leads: the one holding the Lease; the other has not reconciled once.
+async fn who_leads(
+    apis: &Apis,
+    first: Process,
+    second: Process,
+) -> anyhow::Result<(Process, Process)> {
+    let lease = Api::<Lease>::namespaced(apis.client.clone(), NS)
         .get("gpu-operator")
         .await?;
     let holder = lease
         .spec
         .and_then(|s| s.holder_identity)
         .unwrap_or_default();
-    let (mut leader, standby, standby_metrics) = match holder.as_str() {
-        "operator-e2e" => (operator, standby, STANDBY_METRICS),
-        "operator-e2e-standby" => (standby, operator, METRICS),
+    let (leader, standby, standby_metrics) = match holder.as_str() {
+        "operator-e2e" => (first, second, STANDBY_METRICS),
+        "operator-e2e-standby" => (second, first, METRICS),
         other => anyhow::bail!("unexpected lease holder {other:?}"),
     };
     assert_eq!(
@@ -383,9 +516,17 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         0.0,
         "the replica without the Lease reconciled"
     );
-    let rss = leader.rss_kib().unwrap_or_default();
+    Ok((leader, standby))
+}
+
+/// When the leader dies the standby takes over and restores a deleted operand.
+async fn standby_takes_over(
+    apis: &Apis,
+    mut leader: Process,
+    standby: Process,
+) -> anyhow::Result<Process> {
     leader.kill();
-    daemonsets
+    apis.daemonsets
         .delete(o::VALIDATOR_DAEMONSET, &DeleteParams::default())
         .await?;
     let takeover = Instant::now();
@@ -393,35 +534,29 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         Duration::from_secs(60),
         "the standby to take over and restore the operand",
         || async {
-            let restored = daemonsets
+            let restored = apis
+                .daemonsets
                 .get_opt(o::VALIDATOR_DAEMONSET)
                 .await?
                 .is_some_and(|d| d.metadata.deletion_timestamp.is_none());
             Ok(restored.then_some(()))
         },
     )
-    .await
-    .with_context(|| standby.log_tail())?;
+    .await?;
     eprintln!(
         "operator: standby took over and restored an operand {:.1}s after the leader died",
         takeover.elapsed().as_secs_f64()
     );
+    Ok(standby)
+}
 
-    // A leader stopped the way the kubelet stops a pod (SIGTERM) releases the Lease, so a standby
-    // takes over at once instead of waiting out the 15 s lease.
-    let mut stopping = standby;
-    let operator = env.spawn(
-        "gpu-operator",
-        "gpu-operator-third",
-        &[
-            ("OPERATOR_NAMESPACE", NS),
-            ("HTTP_ENDPOINT", THIRD_METRICS),
-            ("POD_NAME", "operator-e2e-third"),
-        ],
-    )?;
+/// A leader stopped the way the kubelet stops a pod (SIGTERM) releases the Lease, so a standby
+/// (the third replica, started just before) takes over at once instead of waiting out the 15 s
+/// lease.
+async fn sigterm_releases_the_lease(apis: &Apis, mut stopping: Process) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let holder = || async {
-        let lease = Api::<Lease>::namespaced(client.clone(), NS)
+        let lease = Api::<Lease>::namespaced(apis.client.clone(), NS)
             .get("gpu-operator")
             .await?;
         Ok::<_, anyhow::Error>(lease.spec.and_then(|s| s.holder_identity))
@@ -437,8 +572,7 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         "the third replica to take the released Lease",
         || async { Ok((holder().await?.as_deref() == Some("operator-e2e-third")).then_some(())) },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
+    .await?;
     let handover = stopped.elapsed();
     eprintln!(
         "operator: a SIGTERMed leader's Lease taken over {:.1}s later",
@@ -453,14 +587,19 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
         "{}",
         stopping.log_tail()
     );
+    Ok(())
+}
 
-    // Deletion: consumers first, then the finalizer goes and nothing is left.
-    gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
+/// Deletion: consumers first, then the finalizer goes and nothing is left.
+async fn deletion_drains_consumers_first(apis: &Apis) -> anyhow::Result<()> {
+    apis.gcs
+        .delete("gpu-cluster", &DeleteParams::default())
+        .await?;
     eventually(
         Duration::from_secs(60),
         "claim consumers gone while the plugin stays",
         || async {
-            let ds = names(&daemonsets).await?;
+            let ds = names(&apis.daemonsets).await?;
             let consumers_left = ds.iter().any(|n| n != o::KUBELET_PLUGIN_DAEMONSET);
             if consumers_left {
                 anyhow::ensure!(
@@ -471,24 +610,21 @@ async fn operator_on_the_local_cluster() -> anyhow::Result<()> {
             Ok((!consumers_left).then_some(()))
         },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
+    .await?;
     eventually(
         Duration::from_secs(60),
         "no GPUCluster, operand or operand pod left",
         || async {
-            let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-            let left = gcs.get_opt("gpu-cluster").await?.is_some()
-                || !names(&daemonsets).await?.is_empty()
-                || !names(&deployments).await?.is_empty()
-                || !names(&classes).await?.is_empty()
-                || !names(&templates).await?.is_empty()
+            let pods: Api<Pod> = Api::namespaced(apis.client.clone(), NS);
+            let left = apis.gcs.get_opt("gpu-cluster").await?.is_some()
+                || !names(&apis.daemonsets).await?.is_empty()
+                || !names(&apis.deployments).await?.is_empty()
+                || !names(&apis.classes).await?.is_empty()
+                || !names(&apis.templates).await?.is_empty()
                 || !pods.list(&ListParams::default()).await?.items.is_empty();
             Ok((!left).then_some(()))
         },
     )
-    .await
-    .with_context(|| operator.log_tail())?;
-    eprintln!("operator: RSS of the first leader while idle: {rss} KiB");
+    .await?;
     Ok(())
 }

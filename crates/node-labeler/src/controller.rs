@@ -170,6 +170,9 @@ impl Metrics {
     }
 }
 
+/// Which GPUCluster spec a set of parsed rules came from: its uid and generation.
+type RulesOf = (Option<String>, Option<i64>);
+
 struct Context {
     client: kube::Client,
     settings: Settings,
@@ -185,6 +188,9 @@ struct Context {
     /// Why no plane serves each node this process told about in a `NoGPUPlane` Event, so it is
     /// told once per change, not once per reconcile.
     no_plane_told: std::sync::Mutex<BTreeMap<String, String>>,
+    /// The GPUCluster's plane-policy rules, parsed once per spec (uid and generation), so a bad
+    /// rule is parsed and logged once per change, not once per node reconcile.
+    rules: std::sync::Mutex<Option<(RulesOf, Vec<Rule>)>>,
     recorder: Recorder,
     metrics: Metrics,
 }
@@ -224,15 +230,35 @@ impl Context {
             gpu_cluster_device_plugin: gpu_cluster.is_some_and(|gc| gc.spec.device_plugin.enabled),
             default_mode: self.settings.default_mode,
             driver_auto_upgrade: self.settings.driver_auto_upgrade,
-            rules: gpu_cluster
-                .iter()
-                .flat_map(|gc| &gc.spec.plane_policy.rules)
-                .filter_map(|rule| {
-                    Rule::new(rule)
-                        .inspect_err(|e| tracing::warn!(error = %e, "plane-policy rule skipped"))
-                        .ok()
-                })
-                .collect(),
+            rules: self.rules(gpu_cluster),
+        }
+    }
+
+    fn rules(&self, gpu_cluster: Option<&GPUCluster>) -> Vec<Rule> {
+        let Some(gc) = gpu_cluster else {
+            return Vec::new();
+        };
+        let of = (gc.uid(), gc.metadata.generation);
+        let mut cached = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((parsed_of, rules)) if *parsed_of == of => rules.clone(),
+            _ => {
+                let rules: Vec<Rule> = gc
+                    .spec
+                    .plane_policy
+                    .rules
+                    .iter()
+                    .filter_map(|rule| {
+                        Rule::new(rule)
+                            .inspect_err(
+                                |e| tracing::warn!(error = %e, "plane-policy rule skipped"),
+                            )
+                            .ok()
+                    })
+                    .collect();
+                *cached = Some((of, rules.clone()));
+                rules
+            }
         }
     }
 
@@ -796,6 +822,7 @@ pub async fn run(
         cluster_policy,
         started: tokio::sync::Mutex::default(),
         no_plane_told: std::sync::Mutex::default(),
+        rules: std::sync::Mutex::default(),
         metrics,
     });
     // Bounded concurrency: thousands of new nodes must not become thousands of parallel requests
