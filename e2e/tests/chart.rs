@@ -18,7 +18,7 @@ use e2e::helm::{
     chart_dir, client_from, helm_ok, helm_output, helm_spawn, kubectl, sa_kubeconfig,
     validate_installation, with_kubeconfig,
 };
-use e2e::{Env, Process, eventually};
+use e2e::{Env, Process, eventually, step};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
@@ -235,32 +235,12 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         "NOTES lack the guide's checks:\n{notes}"
     );
 
-    // 1b. The chart's Warn-only policy: a pod that reaches GPUs through NVIDIA_VISIBLE_DEVICES
-    // without asking for one is created, and `kubectl` prints why that is a mistake.
-    let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "visible-devices", "namespace": "default"},
-        "spec": {"containers": [{"name": "app", "image": "busybox",
-                                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}"#;
-    let warned = eventually(
-        Duration::from_secs(30),
-        "the NVIDIA_VISIBLE_DEVICES warning",
-        || async {
-            let mut child = kubectl(&env, &["create", "--dry-run=server", "-f", "-"])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .context("running kubectl")?;
-            std::io::Write::write_all(&mut child.stdin.take().context("stdin")?, pod.as_bytes())?;
-            let out = child.wait_with_output()?;
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            ensure!(out.status.success(), "the pod was refused: {stderr}");
-            Ok(stderr
-                .contains("container(s) app set NVIDIA_VISIBLE_DEVICES but ask for no GPU")
-                .then_some(stderr))
-        },
+    step(
+        "the NVIDIA_VISIBLE_DEVICES policy warns",
+        &[],
+        visible_devices_warning(&env),
     )
     .await?;
-    eprintln!("chart: {}", warned.trim());
 
     // 2. Operator and labeler as processes with the chart's tokens and the chart's env.
     let operator_env = with_kubeconfig(&env, sa_kubeconfig(&env, NS, "gpu-operator", None)?);
@@ -325,204 +305,32 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     validate_installation(&admin, &gpus)
         .await
         .with_context(|| format!("operator log:\n{}", operator.log_tail()))?;
-    // `kubectl get pods -n gpu-operator`: the guide's operands, every pod Running.
-    eventually(
-        Duration::from_secs(60),
-        "the guide's operand pods Running",
-        || async {
-            let list = pods.list(&ListParams::default()).await?;
-            let running = |prefix: &str| {
-                list.items.iter().any(|p| {
-                    p.name_any().starts_with(prefix)
-                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                })
-            };
-            let all_running = list
-                .items
-                .iter()
-                .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
-            let guide = [
-                "gpu-operator-",
-                "nvidia-dra-driver-controller-",
-                "nvidia-dra-driver-kubelet-plugin-",
-                "nvidia-dra-validator-",
-                "nvidia-dcgm-exporter-",
-            ];
-            Ok((all_running && guide.iter().all(|p| running(p))).then_some(()))
-        },
+    step(
+        "the guide's operand pods Running, nothing refused by the chart's RBAC",
+        &[],
+        operands_running_under_the_charts_rbac(&pods, &operator, &labeler, &nodes),
     )
     .await?;
-    let gcs: Api<GPUCluster> = Api::all(admin.clone());
-    for (process, name) in [(&operator, "gpu-operator"), (&labeler, "node-labeler")] {
-        let log = std::fs::read_to_string(&process.log_path)?;
-        assert!(
-            !log.to_lowercase().contains("forbidden"),
-            "{name} was refused an API call under the chart's RBAC:\n{}",
-            process.log_tail()
-        );
-    }
-    for node in &nodes {
-        let log = std::fs::read_to_string(&node.plugin.log_path)?;
-        assert!(
-            !log.to_lowercase().contains("forbidden"),
-            "{}: {}",
-            node.name,
-            node.plugin.log_tail()
-        );
-    }
 
-    // 4b. A pod asking more GPUs than the cluster has (32, the most one request may ask) stays
-    // Pending, and the operator says why on it: the class, the nodes that publish its devices and
-    // how many are free.
-    let greedy: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "chart-e2e-greedy"},
-        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                                 "resources": {"claims": [{"name": "gpus"}]}}],
-                 "resourceClaims": [{"name": "gpus", "resourceClaimName": "chart-e2e-greedy"}]}}))?;
-    let claims =
-        Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(admin.clone(), "default");
-    let _ = claims
-        .delete("chart-e2e-greedy", &DeleteParams::default())
-        .await;
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-            "metadata": {"name": "chart-e2e-greedy"},
-            "spec": {"devices": {"requests": [{"name": "gpus",
-                "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 32}}]}}}))?,
-        )
-        .await?;
-    let default_pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let _ = default_pods
-        .delete("chart-e2e-greedy", &DeleteParams::default().grace_period(0))
-        .await;
-    eventually(
-        Duration::from_secs(30),
-        "the last greedy pod gone",
-        || async {
-            Ok(default_pods
-                .get_opt("chart-e2e-greedy")
-                .await?
-                .is_none()
-                .then_some(()))
-        },
+    step(
+        "a pod asking more GPUs than exist is told why",
+        &[&operator.log_path],
+        pending_pod_is_explained(&admin, &gpu_nodes),
     )
     .await?;
-    let greedy = default_pods.create(&PostParams::default(), &greedy).await?;
-    let greedy_uid = greedy.uid().unwrap_or_default();
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
-    let (_, why) = eventually(
-        Duration::from_secs(60),
-        "a GPUsUnavailable Event on the pending pod",
-        || async {
-            // Events of an earlier run's pod of the same name are not this one's.
-            let list = events
-                .list(&ListParams::default().fields(&format!("involvedObject.uid={greedy_uid}")))
-                .await?;
-            Ok(list.items.into_iter().find_map(|e| {
-                (e.reason.as_deref() == Some("GPUsUnavailable"))
-                    .then(|| ((), e.message.unwrap_or_default()))
-            }))
-        },
-    )
-    .await
-    .with_context(|| operator.log_tail())?;
-    eprintln!("chart: pending pod told: {why}");
-    ensure!(
-        why.contains("publish devices of DeviceClass gpu.nvidia.com")
-            && gpu_nodes.iter().all(|n| why.contains(n.as_str()))
-            && why.contains("the pod's claims ask 32"),
-        "unexpected note: {why}"
-    );
-    default_pods
-        .delete("chart-e2e-greedy", &DeleteParams::default().grace_period(0))
-        .await?;
-    claims
-        .delete("chart-e2e-greedy", &DeleteParams::default())
-        .await?;
-
-    // 5. One forbidden action per ServiceAccount.
     let (own, other) = (gpu_nodes[0].as_str(), gpu_nodes[1].as_str());
-    let plugin0 = client_from(&plugin_kubeconfigs[own]).await?;
-    let foreign_slice = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": "chart-e2e-foreign-slice"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": other,
-                 "pool": {"name": other, "generation": 1, "resourceSliceCount": 1},
-                 "devices": []}}))?;
-    denied(
-        &format!("the {own} plugin writing a {other} ResourceSlice"),
-        Api::<ResourceSlice>::all(plugin0.clone())
-            .create(&PostParams::default(), &foreign_slice)
-            .await,
-        422,
-        "may only write ResourceSlices of that node",
-    )?;
-    let labeler_client = client_from(&labeler_kubeconfig).await?;
-    let daemonset: DaemonSet = serde_json::from_value(json!({
-        "metadata": {"name": "chart-e2e-labeler-ds"},
-        "spec": {"selector": {"matchLabels": {"a": "b"}},
-                 "template": {"metadata": {"labels": {"a": "b"}},
-                              "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))?;
-    denied(
-        "the labeler creating a DaemonSet",
-        Api::<DaemonSet>::namespaced(labeler_client, NS)
-            .create(&PostParams::default(), &daemonset)
-            .await,
-        403,
-        "forbidden",
-    )?;
-    let operator_client = client_from(&operator_env.kubeconfig).await?;
-    denied(
-        "the operator labelling a namespace other than its own",
-        Api::<Namespace>::all(operator_client.clone())
-            .patch_metadata(
-                "default",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})),
-            )
-            .await,
-        403,
-        "forbidden",
-    )?;
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "chart-e2e-escalation"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NS}]}))?;
-    denied(
-        "the operator binding itself to cluster-admin",
-        Api::<ClusterRoleBinding>::all(operator_client)
-            .create(&PostParams::default(), &binding)
-            .await,
-        403,
-        "forbidden",
-    )?;
-    for (sa, what) in [
-        (
-            o::VALIDATOR_SERVICE_ACCOUNT,
-            "the validator reading Secrets",
+    step(
+        "each ServiceAccount is refused one action outside its role",
+        &[],
+        one_forbidden_action_per_service_account(
+            &env,
+            (own, &plugin_kubeconfigs[own]),
+            other,
+            &labeler_kubeconfig,
+            &operator_env.kubeconfig,
         ),
-        (o::DCGM_SERVICE_ACCOUNT, "standalone DCGM reading Secrets"),
-        (
-            o::DCGM_EXPORTER_SERVICE_ACCOUNT,
-            "the DCGM exporter reading Secrets",
-        ),
-        (
-            o::COMPUTE_DOMAIN_CONTROLLER_SERVICE_ACCOUNT,
-            "the ComputeDomain controller reading Secrets",
-        ),
-    ] {
-        let client = client_from(&sa_kubeconfig(&env, NS, sa, None)?).await?;
-        denied(
-            what,
-            Api::<Secret>::namespaced(client, NS)
-                .list(&ListParams::default())
-                .await,
-            403,
-            "forbidden",
-        )?;
-    }
+    )
+    .await?;
 
     // 5b. The labeler's hand-over under its token: a node switched away from DRA is cordoned and
     // loses its DRA deploy labels except the plugin's, which waits for the pods holding claims
@@ -636,11 +444,87 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
             )
         })?;
 
-    // 6. helm uninstall: its pre-delete hook deletes the GPUCluster and waits for the drain. The
-    // hook pod is kept off the KWOK nodes, so this test runs the hook's command itself with the
-    // hook's token, then reports the pod as completed.
+    step(
+        "helm uninstall drains through its cleanup hook",
+        &[&operator.log_path],
+        uninstall_through_the_cleanup_hook(&env, &admin),
+    )
+    .await?;
+    operator.kill();
+    labeler.kill();
+    for node in &mut nodes {
+        node.plugin.kill();
+    }
+
+    step(
+        "helm uninstall leaves nothing behind",
+        &[],
+        nothing_left_behind(&env, &admin),
+    )
+    .await
+}
+
+/// `kubectl get pods -n gpu-operator`: the guide's operands, every pod Running; and no process of
+/// ours was refused an API call under the chart's RBAC.
+async fn operands_running_under_the_charts_rbac(
+    pods: &Api<Pod>,
+    operator: &Process,
+    labeler: &Process,
+    nodes: &[DraNode],
+) -> anyhow::Result<()> {
+    eventually(
+        Duration::from_secs(60),
+        "the guide's operand pods Running",
+        || async {
+            let list = pods.list(&ListParams::default()).await?;
+            let running = |prefix: &str| {
+                list.items.iter().any(|p| {
+                    p.name_any().starts_with(prefix)
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+            };
+            let all_running = list
+                .items
+                .iter()
+                .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+            let guide = [
+                "gpu-operator-",
+                "nvidia-dra-driver-controller-",
+                "nvidia-dra-driver-kubelet-plugin-",
+                "nvidia-dra-validator-",
+                "nvidia-dcgm-exporter-",
+            ];
+            Ok((all_running && guide.iter().all(|p| running(p))).then_some(()))
+        },
+    )
+    .await?;
+    for (process, name) in [(operator, "gpu-operator"), (labeler, "node-labeler")] {
+        let log = std::fs::read_to_string(&process.log_path)?;
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{name} was refused an API call under the chart's RBAC:\n{}",
+            process.log_tail()
+        );
+    }
+    for node in nodes {
+        let log = std::fs::read_to_string(&node.plugin.log_path)?;
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{}: {}",
+            node.name,
+            node.plugin.log_tail()
+        );
+    }
+    Ok(())
+}
+
+/// helm uninstall: its pre-delete hook deletes the GPUCluster and waits for the drain. The
+/// hook pod is kept off the KWOK nodes, so this test runs the hook's command itself with the
+/// hook's token, then reports the pod as completed.
+async fn uninstall_through_the_cleanup_hook(env: &Env, admin: &kube::Client) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let uninstall = helm_spawn(
-        &env,
+        env,
         &["uninstall", RELEASE, "--namespace", NS, "--timeout", "5m"],
     )?;
     let hook_pod = eventually(
@@ -655,7 +539,7 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     )
     .await?;
     let hook_kubeconfig =
-        sa_kubeconfig(&env, NS, "gpu-operator-cleanup", Some(&hook_pod.name_any()))?;
+        sa_kubeconfig(env, NS, "gpu-operator-cleanup", Some(&hook_pod.name_any()))?;
     let container = hook_pod
         .spec
         .as_ref()
@@ -677,11 +561,10 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         .context("running gpu-operator cleanup")?;
     ensure!(
         out.status.success(),
-        "the cleanup hook's gpu-operator cleanup {args:?} failed: {}\noperator log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        operator.log_tail()
+        "the cleanup hook's gpu-operator cleanup {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    hook_pod_succeeded(&admin, &hook_pod).await?;
+    hook_pod_succeeded(admin, &hook_pod).await?;
     let out = tokio::task::spawn_blocking(move || uninstall.wait_with_output()).await??;
     ensure!(
         out.status.success(),
@@ -689,13 +572,211 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    operator.kill();
-    labeler.kill();
-    for node in &mut nodes {
-        node.plugin.kill();
-    }
+    Ok(())
+}
 
-    // 7. Nothing left behind (listed, not assumed).
+/// The chart's Warn-only policy: a pod that reaches GPUs through NVIDIA_VISIBLE_DEVICES
+/// without asking for one is created, and `kubectl` prints why that is a mistake.
+async fn visible_devices_warning(env: &Env) -> anyhow::Result<()> {
+    let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "visible-devices", "namespace": "default"},
+        "spec": {"containers": [{"name": "app", "image": "busybox",
+                                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}"#;
+    let warned = eventually(
+        Duration::from_secs(30),
+        "the NVIDIA_VISIBLE_DEVICES warning",
+        || async {
+            let mut child = kubectl(env, &["create", "--dry-run=server", "-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .context("running kubectl")?;
+            std::io::Write::write_all(&mut child.stdin.take().context("stdin")?, pod.as_bytes())?;
+            let out = child.wait_with_output()?;
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            ensure!(out.status.success(), "the pod was refused: {stderr}");
+            Ok(stderr
+                .contains("container(s) app set NVIDIA_VISIBLE_DEVICES but ask for no GPU")
+                .then_some(stderr))
+        },
+    )
+    .await?;
+    eprintln!("chart: {}", warned.trim());
+    Ok(())
+}
+
+/// A pod asking more GPUs than the cluster has (32, the most one request may ask) stays
+/// Pending, and the operator says why on it: the class, the nodes that publish its devices and
+/// how many are free.
+async fn pending_pod_is_explained(
+    admin: &kube::Client,
+    gpu_nodes: &[String],
+) -> anyhow::Result<()> {
+    let greedy: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "chart-e2e-greedy"},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                 "resources": {"claims": [{"name": "gpus"}]}}],
+                 "resourceClaims": [{"name": "gpus", "resourceClaimName": "chart-e2e-greedy"}]}}))?;
+    let claims =
+        Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(admin.clone(), "default");
+    let _ = claims
+        .delete("chart-e2e-greedy", &DeleteParams::default())
+        .await;
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+            "metadata": {"name": "chart-e2e-greedy"},
+            "spec": {"devices": {"requests": [{"name": "gpus",
+                "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 32}}]}}}))?,
+        )
+        .await?;
+    let default_pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let _ = default_pods
+        .delete("chart-e2e-greedy", &DeleteParams::default().grace_period(0))
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        "the last greedy pod gone",
+        || async {
+            Ok(default_pods
+                .get_opt("chart-e2e-greedy")
+                .await?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await?;
+    let greedy = default_pods.create(&PostParams::default(), &greedy).await?;
+    let greedy_uid = greedy.uid().unwrap_or_default();
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let (_, why) = eventually(
+        Duration::from_secs(60),
+        "a GPUsUnavailable Event on the pending pod",
+        || async {
+            // Events of an earlier run's pod of the same name are not this one's.
+            let list = events
+                .list(&ListParams::default().fields(&format!("involvedObject.uid={greedy_uid}")))
+                .await?;
+            Ok(list.items.into_iter().find_map(|e| {
+                (e.reason.as_deref() == Some("GPUsUnavailable"))
+                    .then(|| ((), e.message.unwrap_or_default()))
+            }))
+        },
+    )
+    .await?;
+    eprintln!("chart: pending pod told: {why}");
+    ensure!(
+        why.contains("publish devices of DeviceClass gpu.nvidia.com")
+            && gpu_nodes.iter().all(|n| why.contains(n.as_str()))
+            && why.contains("the pod's claims ask 32"),
+        "unexpected note: {why}"
+    );
+    default_pods
+        .delete("chart-e2e-greedy", &DeleteParams::default().grace_period(0))
+        .await?;
+    claims
+        .delete("chart-e2e-greedy", &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+/// One forbidden action per ServiceAccount.
+/// `own_plugin`, `labeler` and `operator` are the kubeconfigs of those ServiceAccounts' tokens; the
+/// plugin's is bound to node `own`'s plugin pod, and `other` is another GPU node.
+async fn one_forbidden_action_per_service_account(
+    env: &Env,
+    (own, own_plugin): (&str, &std::path::Path),
+    other: &str,
+    labeler: &std::path::Path,
+    operator: &std::path::Path,
+) -> anyhow::Result<()> {
+    let plugin0 = client_from(own_plugin).await?;
+    let foreign_slice = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "chart-e2e-foreign-slice"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": other,
+                 "pool": {"name": other, "generation": 1, "resourceSliceCount": 1},
+                 "devices": []}}))?;
+    denied(
+        &format!("the {own} plugin writing a {other} ResourceSlice"),
+        Api::<ResourceSlice>::all(plugin0.clone())
+            .create(&PostParams::default(), &foreign_slice)
+            .await,
+        422,
+        "may only write ResourceSlices of that node",
+    )?;
+    let labeler_client = client_from(labeler).await?;
+    let daemonset: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "chart-e2e-labeler-ds"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}},
+                 "template": {"metadata": {"labels": {"a": "b"}},
+                              "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))?;
+    denied(
+        "the labeler creating a DaemonSet",
+        Api::<DaemonSet>::namespaced(labeler_client, NS)
+            .create(&PostParams::default(), &daemonset)
+            .await,
+        403,
+        "forbidden",
+    )?;
+    let operator_client = client_from(operator).await?;
+    denied(
+        "the operator labelling a namespace other than its own",
+        Api::<Namespace>::all(operator_client.clone())
+            .patch_metadata(
+                "default",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})),
+            )
+            .await,
+        403,
+        "forbidden",
+    )?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "chart-e2e-escalation"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NS}]}))?;
+    denied(
+        "the operator binding itself to cluster-admin",
+        Api::<ClusterRoleBinding>::all(operator_client)
+            .create(&PostParams::default(), &binding)
+            .await,
+        403,
+        "forbidden",
+    )?;
+    for (sa, what) in [
+        (
+            o::VALIDATOR_SERVICE_ACCOUNT,
+            "the validator reading Secrets",
+        ),
+        (o::DCGM_SERVICE_ACCOUNT, "standalone DCGM reading Secrets"),
+        (
+            o::DCGM_EXPORTER_SERVICE_ACCOUNT,
+            "the DCGM exporter reading Secrets",
+        ),
+        (
+            o::COMPUTE_DOMAIN_CONTROLLER_SERVICE_ACCOUNT,
+            "the ComputeDomain controller reading Secrets",
+        ),
+    ] {
+        let client = client_from(&sa_kubeconfig(env, NS, sa, None)?).await?;
+        denied(
+            what,
+            Api::<Secret>::namespaced(client, NS)
+                .list(&ListParams::default())
+                .await,
+            403,
+            "forbidden",
+        )?;
+    }
+    Ok(())
+}
+
+/// Nothing left behind (listed, not assumed).
+async fn nothing_left_behind(env: &Env, admin: &kube::Client) -> anyhow::Result<()> {
+    let gcs: Api<GPUCluster> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     ensure!(
         gcs.list(&ListParams::default()).await?.items.is_empty(),
         "a GPUCluster is left"
@@ -777,10 +858,10 @@ async fn chart_install_least_privilege_uninstall() -> anyhow::Result<()> {
     for (kind, count) in left {
         ensure!(count == 0, "helm uninstall left {count} {kind}");
     }
-    let releases = helm_ok(&env, &["list", "--all-namespaces", "--short"])?;
+    let releases = helm_ok(env, &["list", "--all-namespaces", "--short"])?;
     ensure!(releases.trim().is_empty(), "helm still lists: {releases}");
     // Tests that run next create this namespace again: wait until it is really gone.
-    clean_slate(&admin).await?;
+    clean_slate(admin).await?;
     Ok(())
 }
 
