@@ -89,10 +89,14 @@ pub(super) async fn apply(
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let live = api
-        .get_opt(&name)
-        .await
-        .map_err(api_err(format!("reading {}", object.id())))?;
+    // The watch's copy where the kind is watched; the API's otherwise (ServiceMonitor).
+    let live = match ctx.operands.get(kind, &name) {
+        Some(cached) => cached.map(|live| (*live).clone()),
+        None => api
+            .get_opt(&name)
+            .await
+            .map_err(api_err(format!("reading {}", object.id())))?,
+    };
     if let Some(live) = &live {
         let live_value = serde_json::to_value(live).unwrap_or_default();
         if diff::contains(&live_value, &want, FIELD_MANAGER) {
@@ -130,26 +134,44 @@ pub(super) async fn prune(
             continue;
         }
         let api = ctx.dynamic(api_version, kind, namespaced);
-        let list = api
-            .list_metadata(&ListParams::default().labels(MANAGED_SELECTOR))
-            .await
-            .map_err(api_err(format!("listing {kind}s")))?;
-        for item in list.items {
-            let owned = item.owner_references().iter().any(|r| r.uid == uid);
-            let id = format!("{kind}/{}", item.name_any());
-            if owned && !keep.contains(&id) {
-                api.delete(&item.name_any(), &DeleteParams::background())
-                    .await
-                    .map_err(api_err(format!("deleting {id}")))?;
-                ctx.metrics.deletes.inc();
-                ctx.event(
-                    gc,
-                    EventType::Normal,
-                    "Deleted",
-                    format!("Deleted {id}: no longer in the GPUCluster spec"),
-                )
-                .await;
+        // Ours and not being deleted already: the watch's copy where the kind is watched.
+        let prunable = |o: &kube::api::ObjectMeta| {
+            let owned = o.owner_references.iter().flatten().any(|r| r.uid == uid);
+            (owned && o.deletion_timestamp.is_none()).then(|| o.name.clone().unwrap_or_default())
+        };
+        let live: Vec<String> = match ctx.operands.all(kind) {
+            Some(cached) => cached
+                .iter()
+                .filter_map(|o| prunable(&o.metadata))
+                .collect(),
+            None => api
+                .list_metadata(&ListParams::default().labels(MANAGED_SELECTOR))
+                .await
+                .map_err(api_err(format!("listing {kind}s")))?
+                .items
+                .iter()
+                .filter_map(|o| prunable(&o.metadata))
+                .collect(),
+        };
+        for name in live {
+            let id = format!("{kind}/{name}");
+            if keep.contains(&id) {
+                continue;
             }
+            // Gone already (the watch had not shown it yet) is what pruning wants.
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => continue,
+                Err(e) => return Err(api_err(format!("deleting {id}"))(e)),
+            }
+            ctx.metrics.deletes.inc();
+            ctx.event(
+                gc,
+                EventType::Normal,
+                "Deleted",
+                format!("Deleted {id}: no longer in the GPUCluster spec"),
+            )
+            .await;
         }
     }
     Ok(())

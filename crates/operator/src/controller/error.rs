@@ -24,6 +24,9 @@ pub enum Error {
     /// finalizer stays until then.
     #[error("waiting for {} to go before the kubelet plugin", .0.join(", "))]
     Draining(Vec<String>),
+    /// The operand watches have not listed yet, so what is live is not known.
+    #[error("the watches of the operands have not listed them yet")]
+    NotSynced,
     /// Adding or removing the GPUCluster's finalizer failed.
     #[error("GPUCluster finalizer {GPU_CLUSTER_FINALIZER}: {0}")]
     Finalizer(String),
@@ -36,6 +39,7 @@ impl Error {
             Error::FeatureUnknown(_) => "feature_unknown",
             Error::Draining(_) => "draining",
             Error::Finalizer(_) => "finalizer",
+            Error::NotSynced => "not_synced",
         }
     }
 

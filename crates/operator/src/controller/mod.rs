@@ -10,12 +10,7 @@ use api::GPUCluster;
 use api::contract::{GPU_CLUSTER_FINALIZER, GPU_CLUSTER_NAME, cluster_policy, objects as o};
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use kube::api::DynamicObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
@@ -31,6 +26,7 @@ use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
 use crate::status::{self, Observed, Problem};
 
 mod apply;
+mod cache;
 mod discovery;
 mod drain;
 mod error;
@@ -71,6 +67,8 @@ struct Context {
     served: tokio::sync::Mutex<Option<(std::time::Instant, discovery::Served)>>,
     /// What the apiserver serves of each DRA feature, and when that was probed.
     features: tokio::sync::Mutex<Option<(std::time::Instant, Support)>>,
+    /// The live operands, as the watches keep them.
+    operands: cache::Operands,
     /// Whether a `ClusterPolicy` exists (known before the first reconcile).
     cluster_policy: tokio::sync::watch::Receiver<Option<bool>>,
 }
@@ -138,6 +136,10 @@ async fn apply_spec(ctx: &Context, gc: &GPUCluster) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
     ensure_admin_access_label(ctx).await?;
+    // Compared against the watches' copies, which must have listed once.
+    if !ctx.operands.ready().await {
+        return Err(Error::NotSynced);
+    }
 
     let cluster_policy = ctx.cluster_policy.borrow().unwrap_or(false);
     observed.features = ctx.features().await;
@@ -278,7 +280,6 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = settings.namespace.clone();
-    let owned = watcher::Config::default().labels(MANAGED_SELECTOR);
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
@@ -296,7 +297,9 @@ pub async fn run(
         client.clone(),
         Recorder::new(client.clone(), reporter.clone()),
     );
+    let (operands, writers) = cache::Operands::new(&ns);
     let ctx = Arc::new(Context {
+        operands,
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         settings,
@@ -305,65 +308,29 @@ pub async fn run(
         features: tokio::sync::Mutex::new(None),
         cluster_policy,
     });
-    let controller = Controller::new(
+    let mut controller = Controller::new(
         Api::<GPUCluster>::all(client.clone()),
         watcher::Config::default(),
-    )
+    );
     // Every operand maps to the one GPUCluster key. (`owns` would key a namespaced operand's owner
     // under the operand's namespace: a second key for the same cluster-scoped object, so one change
-    // ran two reconciles.)
-    .watches(
-        Api::<DaemonSet>::namespaced(client.clone(), &ns),
-        owned.clone(),
-        to_gpu_cluster,
-    )
-    .watches(
-        Api::<Deployment>::namespaced(client.clone(), &ns),
-        owned.clone(),
-        to_gpu_cluster,
-    )
-    .watches(
-        Api::<Service>::namespaced(client.clone(), &ns),
-        owned.clone(),
-        to_gpu_cluster,
-    )
-    .watches(
-        Api::<ConfigMap>::namespaced(client.clone(), &ns),
-        owned.clone(),
-        to_gpu_cluster,
-    )
-    .watches(
-        Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns),
-        owned.clone(),
-        to_gpu_cluster,
-    )
-    .watches(
-        Api::<DeviceClass>::all(client.clone()),
-        owned.clone(),
-        to_gpu_cluster,
-    )
-    .watches(
-        Api::<ValidatingAdmissionPolicy>::all(client.clone()),
-        owned.clone(),
-        to_gpu_cluster,
-    )
-    .watches(
-        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
-        owned,
-        to_gpu_cluster,
-    )
-    .watches_stream(nodes::handover_changes(&client), |_| {
-        Some(ObjectRef::<GPUCluster>::new(GPU_CLUSTER_NAME))
-    })
-    .reconcile_all_on(changes)
-    .graceful_shutdown_on(shutdown)
-    .run(reconcile, error_policy, ctx)
-    .for_each(|result| {
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "controller event");
-        }
-        futures::future::ready(())
-    });
+    // ran two reconciles.) The same watches keep the stores reconciles read.
+    for (stream, ar) in writers.watch(&client, &ns) {
+        controller = controller.watches_stream_with(stream, to_gpu_cluster, ar);
+    }
+    let controller = controller
+        .watches_stream(nodes::handover_changes(&client), |_| {
+            Some(ObjectRef::<GPUCluster>::new(GPU_CLUSTER_NAME))
+        })
+        .reconcile_all_on(changes)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+            futures::future::ready(())
+        });
     // The pending-pod explainer lives as long as the controller (which ends on shutdown).
     tokio::select! {
         () = controller => {}

@@ -8,12 +8,14 @@ use std::sync::{Arc, Mutex};
 use api::GPUCluster;
 use api::contract::{GPU_CLUSTER_FINALIZER, labels as l, objects as o};
 use http::{Method, Response, StatusCode};
+use kube::api::DynamicObject;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 use service::fake_api::{self, failure, reply};
 
+use super::cache::{Operands, Writers};
 use super::{Context, Error, Metrics, Settings, error_policy, reconcile};
 use crate::render::DefaultImages;
 
@@ -39,6 +41,10 @@ struct FakeApi {
     writes: Arc<Mutex<Vec<String>>>,
     /// The last status written to the GPUCluster.
     status: Arc<Mutex<Option<Value>>>,
+    /// Reads of single operands (`GET` of an operand path), which the watch stores make needless.
+    operand_reads: Arc<Mutex<Vec<String>>>,
+    /// What feeds the context's operand stores, as the watches would.
+    writers: Arc<Mutex<Option<Writers>>>,
 }
 
 fn not_found(path: &str) -> Response<Body> {
@@ -88,6 +94,9 @@ impl FakeApi {
                 );
             }
             if let Some(object) = objects.get(path) {
+                if path.starts_with(&format!("/apis/apps/v1/namespaces/{NS}/")) {
+                    self.operand_reads.lock().unwrap().push(path.to_owned());
+                }
                 return reply(StatusCode::OK, object);
             }
             if COLLECTIONS.iter().any(|c| path.ends_with(&format!("/{c}"))) {
@@ -169,7 +178,29 @@ impl FakeApi {
         }
     }
 
+    /// The operand stores as a watch would show the objects now.
+    fn sync(&self) {
+        let objects: Vec<DynamicObject> = self
+            .objects
+            .lock()
+            .unwrap()
+            .values()
+            .filter_map(|o| serde_json::from_value(o.clone()).ok())
+            .collect();
+        if let Some(writers) = self.writers.lock().unwrap().as_mut() {
+            writers.fill(&objects);
+        }
+    }
+
+    /// A reconcile after the watches caught up with the objects.
+    async fn reconcile(&self, gc: Arc<GPUCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+        self.sync();
+        reconcile(gc, ctx).await
+    }
+
     fn context(&self) -> Arc<Context> {
+        let (operands, writers) = Operands::new(NS);
+        *self.writers.lock().unwrap() = Some(writers);
         let api = self.clone();
         let client = fake_api::client(NS, move |method, path, body| api.handle(method, path, body));
         let reporter = Reporter {
@@ -177,6 +208,7 @@ impl FakeApi {
             instance: None,
         };
         Arc::new(Context {
+            operands,
             recorder: Recorder::new(client.clone(), reporter),
             client,
             settings: Settings {
@@ -259,7 +291,8 @@ async fn a_steady_state_reconcile_writes_nothing() {
         GPU_CLUSTER_PATH,
         serde_json::to_value(&*gpu_cluster(false, None)).unwrap(),
     );
-    let action = reconcile(gpu_cluster(false, None), ctx.clone())
+    let action = api
+        .reconcile(gpu_cluster(false, None), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
@@ -270,7 +303,7 @@ async fn a_steady_state_reconcile_writes_nothing() {
     );
 
     // Then every operand, the namespace label and a status.
-    reconcile(gpu_cluster(true, None), ctx.clone())
+    api.reconcile(gpu_cluster(true, None), ctx.clone())
         .await
         .unwrap();
     let first = api.writes();
@@ -290,11 +323,16 @@ async fn a_steady_state_reconcile_writes_nothing() {
     );
     // Nothing changed since: the same GPUCluster with its finalizer and the status written.
     let status = api.status.lock().unwrap().clone();
-    reconcile(gpu_cluster(true, status), ctx).await.unwrap();
+    api.reconcile(gpu_cluster(true, status), ctx).await.unwrap();
     assert_eq!(
         api.writes(),
         Vec::<String>::new(),
         "a reconcile with nothing changed wrote"
+    );
+    assert_eq!(
+        *api.operand_reads.lock().unwrap(),
+        Vec::<String>::new(),
+        "an operand the watches hold was read from the API"
     );
 }
 
@@ -302,7 +340,7 @@ async fn a_steady_state_reconcile_writes_nothing() {
 async fn an_operand_left_out_of_the_spec_is_pruned_and_a_foreign_one_kept() {
     let api = cluster();
     let ctx = api.context();
-    reconcile(gpu_cluster(true, None), ctx.clone())
+    api.reconcile(gpu_cluster(true, None), ctx.clone())
         .await
         .unwrap();
     let owned = |name: &str, uid: &str| {
@@ -318,7 +356,7 @@ async fn an_operand_left_out_of_the_spec_is_pruned_and_a_foreign_one_kept() {
     );
     api.writes();
     let status = api.status.lock().unwrap().clone();
-    reconcile(gpu_cluster(true, status), ctx).await.unwrap();
+    api.reconcile(gpu_cluster(true, status), ctx).await.unwrap();
     let writes = api.writes();
     assert!(
         writes.contains(&format!("DELETE {}", daemonset_path("left-over"))),
@@ -334,7 +372,7 @@ async fn an_operand_left_out_of_the_spec_is_pruned_and_a_foreign_one_kept() {
 async fn deletion_drains_claim_consumers_before_the_plugin_then_drops_the_finalizer() {
     let api = cluster();
     let ctx = api.context();
-    reconcile(gpu_cluster(true, None), ctx.clone())
+    api.reconcile(gpu_cluster(true, None), ctx.clone())
         .await
         .unwrap();
     api.writes();
@@ -348,7 +386,8 @@ async fn deletion_drains_claim_consumers_before_the_plugin_then_drops_the_finali
     let status = api.status.lock().unwrap().clone();
 
     // Consumers (the validator and the exporter hold claims) go first; the plugin stays.
-    let error = reconcile(deleting(status.clone()), ctx.clone())
+    let error = api
+        .reconcile(deleting(status.clone()), ctx.clone())
         .await
         .unwrap_err();
     assert!(matches!(error, Error::Draining(_)), "{error}");
@@ -380,7 +419,7 @@ async fn deletion_drains_claim_consumers_before_the_plugin_then_drops_the_finali
     );
 
     // Once they are gone, the finalizer goes and garbage collection takes the rest.
-    reconcile(deleting(status), ctx).await.unwrap();
+    api.reconcile(deleting(status), ctx).await.unwrap();
     let writes = api.writes();
     assert_eq!(
         writes,
@@ -411,7 +450,7 @@ async fn the_status_names_nodes_held_on_dra_and_gpu_nodes_no_plane_serves() {
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-2",
             "labels": {l::GPU_PRESENT: "true", l::ENABLED: "false"}}}),
     );
-    reconcile(gpu_cluster(true, None), api.context())
+    api.reconcile(gpu_cluster(true, None), api.context())
         .await
         .unwrap();
     let status = api.status.lock().unwrap().clone().unwrap();
