@@ -827,7 +827,7 @@ pub async fn run(
     });
     // Bounded concurrency: thousands of new nodes must not become thousands of parallel requests
     // (and connections) at once.
-    Controller::for_stream(nodes, node_reader)
+    let controller = Controller::for_stream(nodes, node_reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(16))
         .reconcile_all_on(trigger_rx)
         .watches_stream(validator_events, |pod: Pod| {
@@ -836,14 +836,8 @@ pub async fn run(
                 .map(|node| ObjectRef::<PartialObjectMeta<Node>>::new(&node))
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "controller event");
-            }
-            futures::future::ready(())
-        })
-        .await;
+        .run(reconcile, error_policy, ctx);
+    service::binary::drain_results(controller).await;
 }
 
 #[cfg(test)]

@@ -62,3 +62,21 @@ impl Controller {
         Ok(())
     }
 }
+
+/// Runs a controller's result stream to its end, logging failed reconciles and watch errors at
+/// debug level (the error policy already logged what matters).
+pub async fn drain_results<S, T, E>(results: S)
+where
+    S: futures::Stream<Item = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    use futures::StreamExt;
+    results
+        .for_each(|result| {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+            futures::future::ready(())
+        })
+        .await;
+}

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use api::GPUCluster;
 use api::contract::{GPU_CLUSTER_FINALIZER, GPU_CLUSTER_NAME, cluster_policy, objects as o};
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use kube::api::DynamicObject;
@@ -324,16 +323,10 @@ pub async fn run(
         })
         .reconcile_all_on(changes)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "controller event");
-            }
-            futures::future::ready(())
-        });
+        .run(reconcile, error_policy, ctx);
     // The pending-pod explainer lives as long as the controller (which ends on shutdown).
     tokio::select! {
-        () = controller => {}
+        () = service::binary::drain_results(controller) => {}
         () = pending_pods => {}
     }
 }
