@@ -12,8 +12,8 @@ export CLUSTER_DIR="$REPO_DIR/.cluster/bench-requests" PORT_BASE="${BENCH_PORT_B
 cargo build --locked --workspace --bins
 cargo build --locked -p e2e --example api_requests
 trap 'hack/cluster down >/dev/null 2>&1 || true' EXIT
-echo "| binaries | slice LISTs | slice writes | reconciles for one spec change |"
-echo "|---|---|---|---|"
+echo "| binaries | slice LISTs | slice writes | reconciles for one spec change | operand GETs and LISTs meanwhile |"
+echo "|---|---|---|---|---|"
 for bins in ${BASELINE_BIN_DIR:-} "$CARGO_TARGET_DIR/debug"; do
   hack/cluster down >/dev/null 2>&1 || true
   hack/cluster up >/dev/null

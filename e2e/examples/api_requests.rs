@@ -3,7 +3,8 @@
 //! mock H100s on `gpu-node-0`; its slices are wiped twice, 10 s apart, as a kubelet does when a
 //! plugin goes away; the apiserver's own request counters give the ResourceSlice LISTs and writes
 //! over those 30 s. Then the operator reconciles a `GPUCluster`, and one spec change is counted
-//! in its `gpu_operator_reconciles_total` over 20 s. Prints a Markdown table row.
+//! in its `gpu_operator_reconciles_total` over 20 s, with the GETs and LISTs of operand kinds the
+//! apiserver served meanwhile. Prints a Markdown table row.
 
 use std::time::Duration;
 
@@ -29,6 +30,24 @@ fn apiserver_requests(env: &Env, verbs: &[&str], resource: &str) -> anyhow::Resu
         .filter(|l| verbs.iter().any(|v| l.contains(&format!("verb=\"{v}\""))))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum())
+}
+
+/// GETs and LISTs of the operand kinds, by anyone (the operator's are most of them).
+fn operand_reads(env: &Env) -> anyhow::Result<f64> {
+    let kinds = [
+        "daemonsets",
+        "deployments",
+        "services",
+        "configmaps",
+        "resourceclaimtemplates",
+        "deviceclasses",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+    ];
+    kinds
+        .iter()
+        .map(|kind| apiserver_requests(env, &["GET", "LIST"], kind))
+        .sum()
 }
 
 async fn apply_spec(gcs: &Api<GPUCluster>, spec: serde_json::Value) -> anyhow::Result<()> {
@@ -82,15 +101,17 @@ async fn main() -> anyhow::Result<()> {
     apply_spec(&gcs, json!({})).await?;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let before = metric(OPERATOR_METRICS, "gpu_operator_reconciles_total").await?;
+    let reads_before = operand_reads(&env)?;
     apply_spec(&gcs, json!({"daemonsets": {"labels": {"bench": "1"}}})).await?;
     tokio::time::sleep(Duration::from_secs(20)).await;
     let reconciles = metric(OPERATOR_METRICS, "gpu_operator_reconciles_total").await? - before;
+    let reads = operand_reads(&env)? - reads_before;
     gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     drop(operator);
 
     println!(
-        "| {} | {slice_lists} | {slice_writes} | {reconciles} |",
+        "| {} | {slice_lists} | {slice_writes} | {reconciles} | {reads} |",
         env.bin_dir.display()
     );
     Ok(())
