@@ -173,19 +173,63 @@ fn feature_gates(spec: &GPUClusterSpec) -> String {
         .join(",")
 }
 
-fn gpus_container(spec: &GPUClusterSpec, image: &str, pull: &str, kubelet_root: &str) -> Value {
-    let plugin = &spec.dra_driver.gpus.kubelet_plugin;
-    let (port, probes) = health(plugin, ports::GPU_PLUGIN_HEALTH, 30);
+/// What differs between the plugin pod's two kubelet-plugin containers.
+struct PluginContainer<'a> {
+    name: &'static str,
+    command: Value,
+    settings: &'a KubeletPluginSpec,
+    default_health_port: u16,
+    liveness_period: u32,
+    /// Address of its metrics endpoint.
+    http_endpoint: &'static str,
+    /// Env beyond the node name, endpoint and kubelet paths every plugin gets (after them).
+    env: Vec<(&'static str, &'a str)>,
+}
+
+/// A privileged container that registers with the kubelet: node name, CDI root, kubelet paths and
+/// health port in its env (the user's env wins), the plugin mounts and its gRPC probes.
+fn kubelet_plugin_container(
+    c: PluginContainer<'_>,
+    image: &str,
+    pull: &str,
+    kubelet_root: &str,
+) -> Value {
+    let (port, probes) = health(c.settings, c.default_health_port, c.liveness_period);
     let registrar = format!("{kubelet_root}/plugins_registry");
     let plugins = format!("{kubelet_root}/plugins");
-    let driver_ready = format!("{}/{}", paths::VALIDATIONS_DIR, paths::DRIVER_READY_FILE);
-    let gates = feature_gates(spec);
     let mut base = vec![
-        (e::HTTP_ENDPOINT, "0.0.0.0:8080"),
+        (e::HTTP_ENDPOINT, c.http_endpoint),
         (e::CDI_ROOT, paths::CDI_ROOT),
         (e::KUBELET_REGISTRAR_DIRECTORY_PATH, registrar.as_str()),
         (e::KUBELET_PLUGINS_DIRECTORY_PATH, plugins.as_str()),
         (e::HEALTHCHECK_PORT, port.as_str()),
+    ];
+    base.extend(c.env);
+    let mut env_list = vec![node_name_env()];
+    env_list.extend(
+        env(&base, &c.settings.env)
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    let mut container = json!({
+        "name": c.name,
+        "image": image,
+        "imagePullPolicy": pull,
+        "command": c.command,
+        "env": env_list,
+        "securityContext": {"privileged": true},
+        "resources": resources(&c.settings.resources),
+        "volumeMounts": plugin_mounts(kubelet_root),
+    });
+    merge(&mut container, probes);
+    container
+}
+
+fn gpus_container(spec: &GPUClusterSpec, image: &str, pull: &str, kubelet_root: &str) -> Value {
+    let driver_ready = format!("{}/{}", paths::VALIDATIONS_DIR, paths::DRIVER_READY_FILE);
+    let gates = feature_gates(spec);
+    let mut env = vec![
         (e::DRIVER_READY_FILE, driver_ready.as_str()),
         ("NVIDIA_VISIBLE_DEVICES", "void"),
         // The node's /proc as the host root shows it (the driver's MIG capability files and the
@@ -193,27 +237,18 @@ fn gpus_container(spec: &GPUClusterSpec, image: &str, pull: &str, kubelet_root: 
         (e::PROCFS_ROOT, paths::HOST_ROOT_CTR_PATH),
     ];
     if !gates.is_empty() {
-        base.push((e::FEATURE_GATES, gates.as_str()));
+        env.push((e::FEATURE_GATES, gates.as_str()));
     }
-    let mut env_list = vec![node_name_env()];
-    env_list.extend(
-        env(&base, &plugin.env)
-            .as_array()
-            .cloned()
-            .unwrap_or_default(),
-    );
-    let mut container = json!({
-        "name": "gpus",
-        "image": image,
-        "imagePullPolicy": pull,
-        "command": ["gpu-kubelet-plugin"],
-        "env": env_list,
-        "securityContext": {"privileged": true},
-        "resources": resources(&plugin.resources),
-        "volumeMounts": plugin_mounts(kubelet_root),
-    });
-    merge(&mut container, probes);
-    container
+    let container = PluginContainer {
+        name: "gpus",
+        command: json!(["gpu-kubelet-plugin"]),
+        settings: &spec.dra_driver.gpus.kubelet_plugin,
+        default_health_port: ports::GPU_PLUGIN_HEALTH,
+        liveness_period: 30,
+        http_endpoint: "0.0.0.0:8080",
+        env,
+    };
+    kubelet_plugin_container(container, image, pull, kubelet_root)
 }
 
 fn compute_domains_container(
@@ -222,39 +257,20 @@ fn compute_domains_container(
     pull: &str,
     kubelet_root: &str,
 ) -> Value {
-    let plugin = &spec.dra_driver.compute_domains.kubelet_plugin;
-    let (port, probes) = health(plugin, ports::COMPUTE_DOMAIN_PLUGIN_HEALTH, 10);
-    let registrar = format!("{kubelet_root}/plugins_registry");
-    let plugins = format!("{kubelet_root}/plugins");
-    let mut env_list = vec![node_name_env()];
-    env_list.extend(
-        env(
-            &[
-                (e::HTTP_ENDPOINT, ":8081"),
-                (e::CDI_ROOT, paths::CDI_ROOT),
-                (e::KUBELET_REGISTRAR_DIRECTORY_PATH, registrar.as_str()),
-                (e::KUBELET_PLUGINS_DIRECTORY_PATH, plugins.as_str()),
-                (e::HEALTHCHECK_PORT, port.as_str()),
-                ("GPU_CLIQUE_LABEL_ENABLED", "true"),
-            ],
-            &plugin.env,
-        )
-        .as_array()
-        .cloned()
-        .unwrap_or_default(),
-    );
-    let mut container = json!({
-        "name": "compute-domains",
-        "image": image,
-        "imagePullPolicy": pull,
-        "command": ["bash", "-c", "set -a; . /run/nvidia/validations/driver-ready; set +a; exec compute-domain-kubelet-plugin"],
-        "env": env_list,
-        "securityContext": {"privileged": true},
-        "resources": resources(&plugin.resources),
-        "volumeMounts": plugin_mounts(kubelet_root),
-    });
-    merge(&mut container, probes);
-    container
+    let container = PluginContainer {
+        name: "compute-domains",
+        command: json!([
+            "bash",
+            "-c",
+            "set -a; . /run/nvidia/validations/driver-ready; set +a; exec compute-domain-kubelet-plugin"
+        ]),
+        settings: &spec.dra_driver.compute_domains.kubelet_plugin,
+        default_health_port: ports::COMPUTE_DOMAIN_PLUGIN_HEALTH,
+        liveness_period: 10,
+        http_endpoint: ":8081",
+        env: vec![("GPU_CLIQUE_LABEL_ENABLED", "true")],
+    };
+    kubelet_plugin_container(container, image, pull, kubelet_root)
 }
 
 fn compute_domain_controller(spec: &GPUClusterSpec, inputs: &Inputs<'_>, pull: &str) -> Object {
