@@ -203,16 +203,11 @@ impl Context {
         no_plane: Option<&api::coverage::NoPlane>,
     ) -> Option<kube::runtime::events::Event> {
         let mut told = self.no_plane_told.lock().unwrap_or_else(|e| e.into_inner());
-        match no_plane {
-            None => {
-                told.remove(node);
-                None
-            }
-            Some(n) if told.get(node) == Some(&n.why) => None,
-            Some(n) => {
-                told.insert(node.to_owned(), n.why.clone());
-                Some(events::no_plane(n))
-            }
+        let live = |name: &str| self.nodes.get(&ObjectRef::new(name)).is_some();
+        if tell_once(&mut told, node, no_plane.map(|n| &n.why), live) {
+            no_plane.map(events::no_plane)
+        } else {
+            None
         }
     }
 
@@ -840,10 +835,61 @@ pub async fn run(
     service::binary::drain_results(controller).await;
 }
 
+/// Whether to tell that no plane serves `node` for reason `why` (`None`: a plane serves it):
+/// once per change of reason. `told` keeps the last reason told per node; nodes `live` no longer
+/// knows are dropped from it whenever a new reason is recorded, so it never outgrows the cluster.
+fn tell_once(
+    told: &mut BTreeMap<String, String>,
+    node: &str,
+    why: Option<&String>,
+    live: impl Fn(&str) -> bool,
+) -> bool {
+    match why {
+        None => {
+            told.remove(node);
+            false
+        }
+        Some(why) if told.get(node) == Some(why) => false,
+        Some(why) => {
+            told.retain(|name, _| name == node || live(name));
+            told.insert(node.to_owned(), why.clone());
+            true
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn no_plane_is_told_once_per_reason_and_deleted_nodes_are_forgotten() {
+        let mut told = BTreeMap::new();
+        let why = |s: &str| Some(s.to_owned());
+        assert!(tell_once(&mut told, "a", why("opted out").as_ref(), |_| {
+            true
+        }));
+        assert!(!tell_once(
+            &mut told,
+            "a",
+            why("opted out").as_ref(),
+            |_| true
+        ));
+        assert!(tell_once(
+            &mut told,
+            "a",
+            why("operands off").as_ref(),
+            |_| true
+        ));
+        assert!(!tell_once(&mut told, "a", None, |_| true));
+        assert!(tell_once(&mut told, "a", why("opted out").as_ref(), |_| {
+            true
+        }));
+        // Node a is deleted; the next news of another node drops it.
+        assert!(tell_once(&mut told, "b", why("opted out").as_ref(), |n| n != "a"));
+        assert_eq!(told.keys().collect::<Vec<_>>(), ["b"]);
+    }
 
     #[test]
     fn patch_sets_and_removes_only_planned_keys_guarded_by_resource_version() {
