@@ -357,6 +357,42 @@ pub fn find_binary(tree: &dyn Tree, name: &str) -> Option<Binary> {
     })
 }
 
+/// The directories whose entries decide what [`discover`] finds in a driver root: the library and
+/// binary search dirs, the firmware dir, and those holding the IPC sockets. Adding, removing or
+/// renaming a file in one changes its modification time.
+pub fn search_dirs() -> BTreeSet<PathBuf> {
+    let ipc_parents = IPC_PATHS
+        .iter()
+        .filter_map(|p| Path::new(p).parent().map(Path::to_path_buf));
+    LIBRARY_DIRS
+        .iter()
+        .chain(BINARY_DIRS.iter())
+        .map(PathBuf::from)
+        .chain(std::iter::once(PathBuf::from("/lib/firmware/nvidia")))
+        .chain(ipc_parents)
+        .collect()
+}
+
+/// What a discovery in a driver root and its dev root depended on: the modification times of
+/// [`search_dirs`] and of `/dev`. Equal stamps, equal discovery, so it is redone only when the
+/// stamp changes (a few `stat`s instead of a walk).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp(Vec<Option<std::time::SystemTime>>);
+
+impl Stamp {
+    /// The stamp of `driver` and `dev` now.
+    pub fn of(driver: &RootTree, dev: &RootTree) -> Stamp {
+        let mtime = |tree: &RootTree, dir: &Path| {
+            std::fs::metadata(tree.real(dir))
+                .and_then(|m| m.modified())
+                .ok()
+        };
+        let mut times: Vec<_> = search_dirs().iter().map(|d| mtime(driver, d)).collect();
+        times.push(mtime(dev, Path::new("/dev")));
+        Stamp(times)
+    }
+}
+
 /// Discovers the user-space files of the driver in `tree`.
 pub fn discover(tree: &dyn Tree) -> DriverFiles {
     let mut files = DriverFiles::default();

@@ -14,11 +14,12 @@ use crate::devices::{DeviceKind, NodeDevice};
 use api::contract::cdi::{CLASS, VENDOR};
 use gpu_discovery::DriverPaths;
 use gpu_discovery::atomic::{Durability, replace};
-use gpu_discovery::driver_files::{self, CapNode, DriverFiles, Missing, RootTree};
+use gpu_discovery::driver_files::{self, CapNode, DriverFiles, Missing, RootTree, Stamp};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// Options of every bind mount the spec carries.
 pub const MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
@@ -350,6 +351,16 @@ pub struct CdiWriter {
     root: PathBuf,
     roots: DriverPaths,
     procfs_root: PathBuf,
+    /// The driver's files and control nodes as last discovered, shared by the clones.
+    discovered: Arc<Mutex<Discovered>>,
+}
+
+/// The last discovery of the driver's files, with the stamp it was made under.
+#[derive(Debug, Default)]
+struct Discovered {
+    last: Option<(Stamp, DriverFiles, Vec<PathBuf>)>,
+    /// How many discoveries ran (walks of the driver root).
+    count: usize,
 }
 
 impl CdiWriter {
@@ -360,6 +371,7 @@ impl CdiWriter {
             root: root.to_path_buf(),
             roots: roots.clone(),
             procfs_root: PathBuf::from("/"),
+            discovered: Arc::default(),
         }
     }
 
@@ -377,8 +389,8 @@ impl CdiWriter {
 
     /// Looks the driver up for `devices`: its view, or what is missing.
     pub fn driver_view(&self, devices: &[&NodeDevice]) -> Result<DriverView, WriteError> {
-        let files = driver_files::discover(&RootTree::new(&self.roots.driver_root_ctr));
         let dev = RootTree::new(&self.roots.dev_root_ctr);
+        let (files, control_nodes) = self.driver_files(&dev);
         let (mig_caps, missing_caps) = mig_caps_for(&RootTree::new(&self.procfs_root), devices);
         let mut missing = missing_for(&files, &dev, devices);
         missing.extend(missing_caps);
@@ -390,11 +402,38 @@ impl CdiWriter {
         }
         Ok(DriverView {
             files,
-            control_nodes: driver_files::control_nodes(&dev),
+            control_nodes,
             driver_root: self.roots.driver_root.clone(),
             dev_root: self.roots.dev_root.clone(),
             mig_caps,
         })
+    }
+
+    /// The driver's files and control nodes: discovered again only when a directory they are
+    /// looked up in changed since the last discovery (see [`Stamp`]), so a claim costs a few
+    /// `stat`s, not a walk of the driver root, and a driver upgrade is still seen at once.
+    fn driver_files(&self, dev: &RootTree) -> (DriverFiles, Vec<PathBuf>) {
+        let driver = RootTree::new(&self.roots.driver_root_ctr);
+        let stamp = Stamp::of(&driver, dev);
+        let mut discovered = self.discovered.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((last, files, nodes)) = &discovered.last
+            && *last == stamp
+        {
+            return (files.clone(), nodes.clone());
+        }
+        let files = driver_files::discover(&driver);
+        let nodes = driver_files::control_nodes(dev);
+        discovered.last = Some((stamp, files.clone(), nodes.clone()));
+        discovered.count += 1;
+        (files, nodes)
+    }
+
+    /// How many times the driver root was walked (discovered) so far.
+    pub fn discoveries(&self) -> usize {
+        self.discovered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count
     }
 
     /// Writes a claim's spec atomically and returns its path. No fsync: a spec only matters
@@ -617,6 +656,38 @@ mod tests {
             "{text}"
         );
         assert!(!writer.path("u1").exists());
+    }
+
+    #[test]
+    fn the_driver_root_is_walked_once_until_a_library_comes_or_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = testutil::driver_roots(dir.path(), 2);
+        let lib = roots.driver_root.join(gpu_discovery::testing::LIBRARY_DIR);
+        let cuda = ["libcuda.so", "libcuda.so.1", "libcuda.so.580.95.05"];
+        let saved = dir.path().join("saved");
+        std::fs::create_dir_all(&saved).unwrap();
+        for name in cuda {
+            std::fs::rename(lib.join(name), saved.join(name)).unwrap();
+        }
+        let writer = CdiWriter::new(&dir.path().join("cdi"), &roots);
+        // Refused while libcuda is missing, however often asked, with one walk.
+        for uid in ["u1", "u2"] {
+            assert!(writer.write(uid, &[&gpu(0)]).is_err());
+        }
+        assert_eq!(writer.discoveries(), 1);
+        // The driver's libcuda arrives: the next claim sees it.
+        for name in cuda {
+            std::fs::rename(saved.join(name), lib.join(name)).unwrap();
+        }
+        let spec = std::fs::read_to_string(writer.write("u3", &[&gpu(0)]).unwrap()).unwrap();
+        assert!(spec.contains("libcuda.so.580.95.05"), "{spec}");
+        assert_eq!(writer.discoveries(), 2);
+        // Claims on other devices and clones of the writer reuse that walk.
+        let clone = writer.clone();
+        for (uid, minor) in [("u4", 1), ("u5", 0)] {
+            clone.write(uid, &[&gpu(minor)]).unwrap();
+        }
+        assert_eq!(writer.discoveries(), 2);
     }
 
     #[test]
