@@ -2,7 +2,7 @@
 //! with 8 mock A100s read through NVML. Run: `cargo bench -p kubelet-plugin --bench prepare`.
 //!
 //! The claim GET is served from memory (no apiserver), so the figures cover the gRPC hop, the
-//! checks, two checkpoint writes with fsync and the CDI spec write.
+//! checks, two checkpoint writes (atomic, no fsync: see `checkpoint`) and the CDI spec write.
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -2,7 +2,7 @@
 //! publisher, liveness and metrics together.
 
 use crate::cdi::CdiWriter;
-use crate::checkpoint::{CheckpointStore, LoadOutcome};
+use crate::checkpoint::{self, CheckpointStore, LoadOutcome};
 use crate::config::Config;
 use crate::devices::DeviceTable;
 use crate::driver::{Driver, KubeClaims, StartReport};
@@ -19,7 +19,11 @@ use gpu_discovery::DriverPaths;
 use gpu_discovery::{DriverReady, InitMode, NvmlSession, UnreadableGpu, root};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use std::path::Path;
 use std::sync::Arc;
+
+/// Where the kernel says when this boot began (`btime`).
+const PROC_STAT: &str = "/proc/stat";
 
 /// Reads the node's devices through NVML loaded from the container driver root, with the GPUs
 /// NVML could not read (left out of the table).
@@ -162,7 +166,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     private_dir(&plugin_dir)?;
     let boot_id = CheckpointStore::read_boot_id(&config.boot_id_file)
         .with_context(|| format!("reading the boot id from {}", config.boot_id_file.display()))?;
-    let store = CheckpointStore::new(&plugin_dir, &boot_id);
+    let mut store = CheckpointStore::new(&plugin_dir, &boot_id);
+    match checkpoint::read_boot_time(Path::new(PROC_STAT)) {
+        Ok(boot_time) => store = store.with_boot_time(boot_time),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading when this boot began; an unreadable checkpoint will count as corrupted")
+        }
+    }
 
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);

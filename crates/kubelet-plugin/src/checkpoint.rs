@@ -4,6 +4,19 @@
 //! SHA-256 of the payload's bytes exactly as stored, so fields added by a later version never
 //! break the checksum. A checkpoint from another boot is discarded (after a reboot nothing is
 //! prepared any more); a corrupted one is moved aside and the plugin starts empty.
+//!
+//! Writes are atomic (a temp file renamed over the old one) and not fsynced. Crash analysis:
+//! - A crash of the plugin (SIGKILL, OOM, a container restart) keeps the kernel's page cache, so
+//!   every write that returned is what the restarted plugin reads: the rename makes it whole or
+//!   absent, never torn.
+//! - What loses unsynced writes (power loss, a kernel panic, a hard reset) also ends the boot.
+//!   The next boot discards the checkpoint whatever it holds: its CDI specs (in `/var/run/cdi`)
+//!   and the containers that used them are gone too, and the kubelet prepares its pods' claims
+//!   again. A file that such an end left unreadable was last written before this boot started,
+//!   and is discarded the same way, without the corrupted-checkpoint alarm (see
+//!   [`CheckpointStore::with_boot_time`]).
+//!
+//! So an fsync would protect nothing a reader can see, and prepare and unprepare make none.
 
 use crate::types::PreparedDevice;
 use gpu_discovery::atomic::{Durability, replace};
@@ -178,9 +191,11 @@ pub enum LoadOutcome {
 
 /// Decides what to start from, given what was read: the pure part of [`CheckpointStore::load`].
 /// `Err(reason)` means the stored bytes are corrupted and must be moved aside.
+/// `written_before_boot`: the stored file was last written before this boot began.
 pub fn recover(
     stored: Option<Result<Checkpoint, DecodeError>>,
     boot_id: &str,
+    written_before_boot: bool,
 ) -> (Checkpoint, Result<LoadOutcome, String>) {
     match stored {
         None => (Checkpoint::empty(boot_id), Ok(LoadOutcome::Missing)),
@@ -191,8 +206,27 @@ pub fn recover(
                 previous: cp.boot_id,
             }),
         ),
+        // Unreadable, but from an earlier boot: a write that boot's end cut short. Discarded
+        // as any earlier boot's checkpoint is.
+        Some(Err(e)) if written_before_boot => (
+            Checkpoint::empty(boot_id),
+            Ok(LoadOutcome::NewBoot {
+                previous: format!("unknown (unreadable: {e})"),
+            }),
+        ),
         Some(Err(e)) => (Checkpoint::empty(boot_id), Err(e.to_string())),
     }
+}
+
+/// When this boot began, from the `btime` line of `/proc/stat` at `path`.
+pub fn read_boot_time(path: &Path) -> io::Result<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(path)?;
+    let secs = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .ok_or_else(|| io::Error::other(format!("no btime line in {}", path.display())))?;
+    Ok(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
 }
 
 /// The checkpoint file of one plugin data directory.
@@ -200,6 +234,8 @@ pub fn recover(
 pub struct CheckpointStore {
     path: PathBuf,
     boot_id: String,
+    /// When this boot began, where known.
+    boot_time: Option<std::time::SystemTime>,
 }
 
 impl CheckpointStore {
@@ -208,7 +244,15 @@ impl CheckpointStore {
         Self {
             path: dir.join(FILE_NAME),
             boot_id: boot_id.trim().to_owned(),
+            boot_time: None,
         }
+    }
+
+    /// Tells the store when this boot began ([`read_boot_time`]), so an unreadable file last
+    /// written before then counts as an earlier boot's, not as corrupted.
+    pub fn with_boot_time(mut self, boot_time: std::time::SystemTime) -> Self {
+        self.boot_time = Some(boot_time);
+        self
     }
 
     /// Reads the boot id from `path` (normally [`BOOT_ID_PATH`]).
@@ -233,7 +277,13 @@ impl CheckpointStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
-        let (checkpoint, outcome) = recover(stored, &self.boot_id);
+        let written_before_boot = match (self.boot_time, &stored) {
+            (Some(boot), Some(Err(_))) => std::fs::metadata(&self.path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|written| written < boot),
+            _ => false,
+        };
+        let (checkpoint, outcome) = recover(stored, &self.boot_id, written_before_boot);
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(reason) => {
@@ -245,9 +295,9 @@ impl CheckpointStore {
         Ok((checkpoint, outcome))
     }
 
-    /// Writes the checkpoint atomically.
+    /// Writes the checkpoint atomically, without fsync (see the module's crash analysis).
     pub fn save(&self, checkpoint: &Checkpoint) -> io::Result<()> {
-        replace(&self.path, &encode(checkpoint), Durability::Durable)
+        replace(&self.path, &encode(checkpoint), Durability::ProcessCrash)
     }
 
     fn aside_path(&self) -> PathBuf {
@@ -390,6 +440,49 @@ mod tests {
         assert!(reason.contains("envelope"), "{reason}");
         assert_eq!(std::fs::read(&moved_to).unwrap(), b"{\"version\":1,");
         assert!(!store.path().exists());
+    }
+
+    #[test]
+    fn a_file_left_unreadable_by_the_end_of_an_earlier_boot_is_that_boots_not_corrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        let boot = std::time::SystemTime::now();
+        let store = CheckpointStore::new(dir.path(), "boot-2").with_boot_time(boot);
+        // A torn write (no fsync) cut by a power loss an hour before this boot.
+        std::fs::write(store.path(), b"{\"version\":1,").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(store.path())
+            .unwrap()
+            .set_modified(boot - std::time::Duration::from_secs(3600))
+            .unwrap();
+        let (cp, outcome) = store.load().unwrap();
+        assert_eq!(cp, Checkpoint::empty("boot-2"));
+        assert!(
+            matches!(&outcome, LoadOutcome::NewBoot { previous } if previous.starts_with("unknown (unreadable")),
+            "{outcome:?}"
+        );
+        // The same bytes written during this boot are a corruption, moved aside.
+        std::fs::write(store.path(), b"{\"version\":1,").unwrap();
+        let (_, outcome) = store.load().unwrap();
+        assert!(
+            matches!(outcome, LoadOutcome::Corrupted { .. }),
+            "{outcome:?}"
+        );
+    }
+
+    #[test]
+    fn the_boot_time_is_the_btime_of_proc_stat() {
+        let dir = tempfile::tempdir().unwrap();
+        let stat = dir.path().join("stat");
+        std::fs::write(&stat, "cpu  1 2 3\nintr 5\nbtime 1764806400\nprocesses 9\n").unwrap();
+        assert_eq!(
+            read_boot_time(&stat).unwrap(),
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_764_806_400)
+        );
+        std::fs::write(&stat, "cpu  1 2 3\n").unwrap();
+        assert!(read_boot_time(&stat).is_err());
+        // This machine's own.
+        assert!(read_boot_time(Path::new("/proc/stat")).unwrap() < std::time::SystemTime::now());
     }
 
     proptest! {

@@ -184,7 +184,7 @@ impl<C: ClaimSource> Driver<C> {
             .map(|e| e.devices.clone())
     }
 
-    /// Writes the checkpoint on the blocking pool (the fsyncs must not stall the runtime's
+    /// Writes the checkpoint on the blocking pool (file I/O must not stall the runtime's
     /// workers); the caller holds the state lock, so writes stay serialized.
     async fn save(&self, checkpoint: &Checkpoint) -> Result<(), ClaimFailure> {
         let store = self.store.clone();
