@@ -85,6 +85,9 @@ async fn report_start(client: &kube::Client, node: &str, report: &StartReport) {
     for claim in &report.rolled_back {
         tracing::warn!(%claim, "rolled back a claim left half-prepared by a crash");
     }
+    for uid in &report.stray_specs {
+        tracing::warn!(claim_uid = %uid, "rolled back a claim left half-prepared by a crash: removed its CDI spec, which the checkpoint did not record");
+    }
     match &report.outcome {
         LoadOutcome::Corrupted { moved_to, reason } => {
             tracing::error!(moved_to = %moved_to.display(), %reason, "checkpoint corrupted; moved aside, starting empty");

@@ -457,12 +457,42 @@ impl CdiWriter {
         Ok(path)
     }
 
+    /// The UIDs of the claims that have a spec in the CDI root. Temp files that a killed write
+    /// left behind are removed on the way.
+    pub fn claim_uids(&self) -> io::Result<Vec<String>> {
+        let prefix = file_name("");
+        let prefix = prefix.trim_end_matches(".yaml");
+        let entries = match std::fs::read_dir(&self.root) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            entries => entries?,
+        };
+        let mut uids = Vec::new();
+        for entry in entries {
+            let name = entry?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(uid) = name
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.strip_suffix(".yaml"))
+            {
+                uids.push(uid.to_owned());
+            } else if name.starts_with(&format!(".{prefix}")) && name.ends_with(".tmp") {
+                remove_if_present(&self.root.join(&*name))?;
+            }
+        }
+        uids.sort();
+        Ok(uids)
+    }
+
     /// Removes a claim's spec; a missing file is fine.
     pub fn remove(&self, claim_uid: &str) -> io::Result<()> {
-        match std::fs::remove_file(self.path(claim_uid)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        remove_if_present(&self.path(claim_uid))
+    }
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 

@@ -1,21 +1,29 @@
-//! Prepare and unprepare: the claim checks of [`crate::claim`], the checkpoint and the CDI
-//! specs, put together.
+//! Prepare and unprepare: the claim checks of [`crate::claim`], the claim table of
+//! [`crate::ledger`] and the CDI specs, put together.
 //!
-//! Claims are handled concurrently. The claim GET holds no lock; each checkpoint update (check,
-//! change, atomic write) happens under one mutex, so updates are serialized and a device can
-//! never be recorded for two exclusive claims.
+//! Claims are handled concurrently and take no lock across I/O: the claim GETs of one call run
+//! at once, a claim reserves its devices in memory (so a device can never be held by two
+//! exclusive claims), writes its CDI spec, and is marked prepared in memory. Then the call
+//! commits the table once, whatever its number of claims, and concurrent calls share commits.
+//!
+//! A claim's only side effect is its CDI spec, and a spec can be found again in the CDI folder,
+//! so the checkpoint records a claim once, when it is prepared. A crash before that leaves at
+//! most a spec of a claim the checkpoint does not know; [`Driver::start`] removes it. An entry
+//! still `PrepareStarted` (written by an older version, or by a concurrent call's commit) is
+//! rolled back the same way. A side effect that cannot be found again (a MIG partition created
+//! for a claim, a sharing daemon) would need its own commit before it is made.
 
 use crate::cdi::{self, CdiWriter};
 use crate::checkpoint::{Checkpoint, CheckpointStore, ClaimEntry, ClaimState, LoadOutcome};
 use crate::claim;
 use crate::devices::{DeviceTable, NodeDevice};
+use crate::ledger::{Ledger, Version};
 use crate::metrics::{Metrics, Operation};
 use crate::types::{ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::future::Future;
 use std::io;
 use std::time::Instant;
-use tokio::sync::Mutex;
 
 /// Why one claim could not be prepared or unprepared. The message goes to the kubelet (and the
 /// pod's events); [`ClaimFailure::reason`] labels the `claim_errors_total` metric.
@@ -104,8 +112,19 @@ pub struct StartReport {
     pub outcome: LoadOutcome,
     /// Claims left in `PrepareStarted` by a crash, rolled back (CDI spec removed).
     pub rolled_back: Vec<ClaimRef>,
+    /// UIDs of claims whose CDI spec a crash left before the checkpoint recorded them; removed.
+    pub stray_specs: Vec<String>,
     /// Claims restored as prepared.
     pub restored: usize,
+}
+
+/// A claim's answer, staged in memory until the call's commit.
+struct Staged<T> {
+    answer: T,
+    /// The table version the answer relies on.
+    version: Version,
+    /// Whether this call added the claim (and must take it back if the commit fails).
+    added: bool,
 }
 
 /// The prepare/unprepare backend.
@@ -116,14 +135,13 @@ pub struct Driver<C> {
     claims: C,
     table: DeviceTable,
     cdi: CdiWriter,
-    store: CheckpointStore,
-    state: Mutex<Checkpoint>,
+    ledger: Ledger,
     metrics: Option<Metrics>,
 }
 
 impl<C: ClaimSource> Driver<C> {
-    /// Loads the checkpoint, rolls back claims a crash left half-prepared, and returns the
-    /// driver for `pool` (the node name) with what it found.
+    /// Loads the checkpoint, rolls back what a crash left half-prepared, and returns the driver
+    /// for `pool` (the node name) with what it found.
     pub fn start(
         driver_name: &str,
         pool: &str,
@@ -133,9 +151,8 @@ impl<C: ClaimSource> Driver<C> {
         store: CheckpointStore,
     ) -> io::Result<(Self, StartReport)> {
         let (mut checkpoint, outcome) = store.load()?;
-        let started = checkpoint.take_started();
         let mut rolled_back = Vec::new();
-        for (uid, entry) in started {
+        for (uid, entry) in checkpoint.take_started() {
             cdi.remove(&uid)?;
             rolled_back.push(ClaimRef {
                 namespace: entry.namespace,
@@ -143,12 +160,20 @@ impl<C: ClaimSource> Driver<C> {
                 name: entry.name,
             });
         }
+        let mut stray_specs = Vec::new();
+        for uid in cdi.claim_uids()? {
+            if !checkpoint.claims.contains_key(&uid) {
+                cdi.remove(&uid)?;
+                stray_specs.push(uid);
+            }
+        }
         if outcome != LoadOutcome::Restored || !rolled_back.is_empty() {
             store.save(&checkpoint)?;
         }
         let report = StartReport {
             outcome,
             rolled_back,
+            stray_specs,
             restored: checkpoint.claims.len(),
         };
         let driver = Self {
@@ -157,8 +182,7 @@ impl<C: ClaimSource> Driver<C> {
             claims,
             table,
             cdi,
-            store,
-            state: Mutex::new(checkpoint),
+            ledger: Ledger::new(checkpoint, store),
             metrics: None,
         };
         Ok((driver, report))
@@ -176,6 +200,11 @@ impl<C: ClaimSource> Driver<C> {
         &self.table
     }
 
+    /// How many times the checkpoint was written since start.
+    pub fn checkpoint_writes(&self) -> usize {
+        self.ledger.writes()
+    }
+
     fn completed(checkpoint: &Checkpoint, uid: &str) -> Option<Vec<PreparedDevice>> {
         checkpoint
             .claims
@@ -184,29 +213,17 @@ impl<C: ClaimSource> Driver<C> {
             .map(|e| e.devices.clone())
     }
 
-    /// Writes the checkpoint on the blocking pool (file I/O must not stall the runtime's
-    /// workers); the caller holds the state lock, so writes stay serialized.
-    async fn save(&self, checkpoint: &Checkpoint) -> Result<(), ClaimFailure> {
-        let store = self.store.clone();
-        let snapshot = checkpoint.clone();
-        tokio::task::spawn_blocking(move || store.save(&snapshot))
-            .await
-            .map_err(|e| ClaimFailure::Checkpoint(e.to_string()))?
-            .map_err(|e| ClaimFailure::Checkpoint(e.to_string()))?;
-        if let Some(m) = &self.metrics {
-            let devices = checkpoint.claims.values().map(|e| e.devices.len()).sum();
-            m.set_prepared_devices(devices);
-        }
-        Ok(())
-    }
-
-    /// Prepares one claim; the error names the cause (the caller adds the claim).
-    pub async fn prepare_claim(
+    /// Prepares one claim in memory and on the CDI folder; the call commits it.
+    async fn stage_prepare(
         &self,
         claim: &ClaimRef,
-    ) -> Result<Vec<PreparedDevice>, ClaimFailure> {
-        if let Some(done) = Self::completed(&*self.state.lock().await, &claim.uid) {
-            return Ok(done);
+    ) -> Result<Staged<Vec<PreparedDevice>>, ClaimFailure> {
+        if let (Some(answer), version) = self.ledger.read(|cp| Self::completed(cp, &claim.uid)) {
+            return Ok(Staged {
+                answer,
+                version,
+                added: false,
+            });
         }
         let object = self.claims.get(&claim.namespace, &claim.name).await?;
         let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)?;
@@ -222,10 +239,9 @@ impl<C: ClaimSource> Driver<C> {
             })
             .collect();
 
-        {
-            let mut state = self.state.lock().await;
-            if let Some(done) = Self::completed(&state, &claim.uid) {
-                return Ok(done);
+        let (reserved, version) = self.ledger.change(|state| {
+            if let Some(done) = Self::completed(state, &claim.uid) {
+                return Ok(Some(done));
             }
             for d in prepared.iter().filter(|d| !d.admin_access) {
                 if let Some(holder) = state.exclusive_holder(&claim.uid, &d.pool, &d.device) {
@@ -244,10 +260,14 @@ impl<C: ClaimSource> Driver<C> {
                     devices: prepared.clone(),
                 },
             );
-            if let Err(e) = self.save(&state).await {
-                state.claims.remove(&claim.uid);
-                return Err(e);
-            }
+            Ok(None)
+        });
+        if let Some(answer) = reserved? {
+            return Ok(Staged {
+                answer,
+                version,
+                added: false,
+            });
         }
 
         let cdi = self.cdi.clone();
@@ -257,81 +277,118 @@ impl<C: ClaimSource> Driver<C> {
             tokio::task::spawn_blocking(move || cdi.write(&uid, &owned.iter().collect::<Vec<_>>()))
                 .await
                 .unwrap_or_else(|e| Err(io::Error::other(e).into()));
-        let mut state = self.state.lock().await;
         if let Err(e) = written {
-            let _ = self.cdi.remove(&claim.uid);
-            state.claims.remove(&claim.uid);
-            self.save(&state).await?;
+            self.take_back(claim);
             return Err(ClaimFailure::CdiWrite(e.to_string()));
         }
-        let Some(entry) = state.claims.get_mut(&claim.uid) else {
+        let (still_there, version) = self.ledger.change(|state| {
+            state.claims.get_mut(&claim.uid).map(|entry| {
+                entry.state = ClaimState::PrepareCompleted;
+            })
+        });
+        if still_there.is_none() {
             // Unprepared while its spec was being written: leave nothing behind.
             let _ = self.cdi.remove(&claim.uid);
             return Err(ClaimFailure::Unprepared);
+        }
+        Ok(Staged {
+            answer: prepared,
+            version,
+            added: true,
+        })
+    }
+
+    /// Forgets a claim this call added: its spec and its entry (best effort, for failures).
+    fn take_back(&self, claim: &ClaimRef) {
+        let _ = self.cdi.remove(&claim.uid);
+        self.ledger.change(|state| state.claims.remove(&claim.uid));
+    }
+
+    /// Unprepares one claim in memory and on the CDI folder; the call commits it. Unknown
+    /// claims succeed once what is known is committed.
+    async fn stage_unprepare(&self, claim: &ClaimRef) -> Result<Staged<()>, ClaimFailure> {
+        let (known, version) = self.ledger.read(|cp| cp.claims.contains_key(&claim.uid));
+        if known {
+            self.cdi
+                .remove(&claim.uid)
+                .map_err(|e| ClaimFailure::CdiRemove(e.to_string()))?;
+        }
+        let version = if known {
+            let (_, removed) = self.ledger.change(|state| state.claims.remove(&claim.uid));
+            removed
+        } else {
+            version
         };
-        entry.state = ClaimState::PrepareCompleted;
-        self.save(&state).await?;
-        Ok(prepared)
-    }
-
-    /// Unprepares one claim: removes its CDI spec and checkpoint entry. Unknown claims succeed.
-    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), ClaimFailure> {
-        let mut state = self.state.lock().await;
-        if !state.claims.contains_key(&claim.uid) {
-            return Ok(());
-        }
-        self.cdi
-            .remove(&claim.uid)
-            .map_err(|e| ClaimFailure::CdiRemove(e.to_string()))?;
-        state.claims.remove(&claim.uid);
-        self.save(&state).await
-    }
-
-    fn observe(&self, operation: Operation, failure: Option<&'static str>, started: Instant) {
-        if let Some(m) = &self.metrics {
-            m.observe(operation, failure, started.elapsed());
-        }
+        Ok(Staged {
+            answer: (),
+            version,
+            added: false,
+        })
     }
 }
 
 impl<C: ClaimSource> Driver<C> {
-    /// Runs `op` on every claim concurrently, with metrics, a log line per failure and the
-    /// claim named in every error.
+    /// Stages every claim concurrently, commits the table once, and answers each claim, with
+    /// metrics, a log line per failure and the claim named in every error.
     async fn each_claim<'a, T, F, Fut>(
         &'a self,
         operation: Operation,
         claims: &'a [ClaimRef],
-        op: F,
+        stage: F,
     ) -> std::collections::BTreeMap<String, Result<T, String>>
     where
         F: Fn(&'a Self, &'a ClaimRef) -> Fut,
-        Fut: Future<Output = Result<T, ClaimFailure>> + 'a,
+        Fut: Future<Output = Result<Staged<T>, ClaimFailure>> + 'a,
     {
-        let each = claims.iter().map(|c| {
-            let fut = op(self, c);
-            async move {
-                let started = Instant::now();
-                let result = fut.await;
-                let failure = result.as_ref().err().map(ClaimFailure::reason);
-                self.observe(operation, failure, started);
+        let started = Instant::now();
+        let staged = futures::future::join_all(claims.iter().map(|c| stage(self, c))).await;
+        let version = staged.iter().flatten().map(|s| s.version).max();
+        let committed = match version {
+            Some(version) => self.ledger.commit(version).await,
+            None => Ok(()),
+        };
+        if committed.is_err() {
+            for (claim, staged) in claims.iter().zip(&staged) {
+                if staged.as_ref().is_ok_and(|s| s.added) {
+                    self.take_back(claim);
+                }
+            }
+        } else if let Some(m) = &self.metrics {
+            let (devices, _) = self
+                .ledger
+                .read(|cp| cp.claims.values().map(|e| e.devices.len()).sum());
+            m.set_prepared_devices(devices);
+        }
+        claims
+            .iter()
+            .zip(staged)
+            .map(|(c, staged)| {
+                let result = match (&committed, staged) {
+                    (Ok(()), Ok(staged)) => Ok(staged.answer),
+                    (Err(e), Ok(_)) => Err(ClaimFailure::Checkpoint(e.to_string())),
+                    (_, Err(e)) => Err(e),
+                };
+                if let Some(m) = &self.metrics {
+                    let failure = result.as_ref().err().map(ClaimFailure::reason);
+                    m.observe(operation, failure, started.elapsed());
+                }
                 if let Err(e) = &result {
                     tracing::warn!(claim = %c, error = %e, ?operation, "claim failed");
                 }
                 (c.uid.clone(), result.map_err(|e| format!("claim {c}: {e}")))
-            }
-        });
-        futures::future::join_all(each).await.into_iter().collect()
+            })
+            .collect()
     }
 }
 
 impl<C: ClaimSource> DraBackend for Driver<C> {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
-        self.each_claim(Operation::Prepare, &claims, |d, c| d.prepare_claim(c))
+        self.each_claim(Operation::Prepare, &claims, |d, c| d.stage_prepare(c))
             .await
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
-        self.each_claim(Operation::Unprepare, &claims, |d, c| d.unprepare_claim(c))
+        self.each_claim(Operation::Unprepare, &claims, |d, c| d.stage_unprepare(c))
             .await
     }
 }
@@ -645,6 +702,110 @@ mod tests {
             1,
             "completed claim kept"
         );
+    }
+
+    #[tokio::test]
+    async fn a_crash_between_spec_and_checkpoint_leaves_no_spec_behind() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("done", "u1", &["gpu-0"]));
+        let (d, _) = driver(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("done", "u1")]).await["u1"].is_ok());
+        drop(d);
+        // What a kill after the spec write and before the commit leaves: a spec the checkpoint
+        // does not know, and the temp file of a spec write cut short.
+        let cdi = dir.path().join("cdi");
+        let stray = cdi.join("k8s.gpu.nvidia.com-claim_u2.yaml");
+        let temp = cdi.join(".k8s.gpu.nvidia.com-claim_u3.yaml.77.0.tmp");
+        let foreign = cdi.join("example.com-other.yaml");
+        for file in [&stray, &temp, &foreign] {
+            std::fs::write(file, b"x").unwrap();
+        }
+
+        let (d, report) = driver(dir.path(), &claims);
+        assert_eq!(report.stray_specs, ["u2"]);
+        assert_eq!(report.restored, 1);
+        assert!(!stray.exists() && !temp.exists(), "no leaked CDI file");
+        assert!(foreign.exists(), "another producer's spec is left alone");
+        assert!(cdi.join("k8s.gpu.nvidia.com-claim_u1.yaml").exists());
+        assert!(d.prepare(vec![cref("done", "u1")]).await["u1"].is_ok());
+    }
+
+    #[tokio::test]
+    async fn one_call_writes_the_checkpoint_once_whatever_its_number_of_claims() {
+        let (dir, claims) = setup();
+        let refs: Vec<_> = (0..8)
+            .map(|i| {
+                let (name, uid) = (format!("c{i}"), format!("u{i}"));
+                claims.put(exclusive(&name, &uid, &[&format!("gpu-{i}")]));
+                cref(&name, &uid)
+            })
+            .collect();
+        let (d, _) = driver(dir.path(), &claims);
+        let answers = d.prepare(refs.clone()).await;
+        assert!(answers.values().all(Result::is_ok), "{answers:?}");
+        assert_eq!(d.checkpoint_writes(), 1);
+        let store = CheckpointStore::new(&dir.path().join("plugin"), "boot-1");
+        let (on_disk, _) = store.load().unwrap();
+        assert_eq!(on_disk.claims.len(), 8);
+        assert!(
+            on_disk
+                .claims
+                .values()
+                .all(|e| e.state == ClaimState::PrepareCompleted)
+        );
+        // Answered from memory: no write.
+        assert!(d.prepare(refs.clone()).await.values().all(Result::is_ok));
+        assert_eq!(d.checkpoint_writes(), 1);
+        assert!(d.unprepare(refs).await.values().all(Result::is_ok));
+        assert_eq!(d.checkpoint_writes(), 2);
+        assert!(store.load().unwrap().0.claims.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_fails_the_call_and_keeps_nothing() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("a", "u1", &["gpu-0"]));
+        claims.put(exclusive("b", "u2", &["gpu-1"]));
+        let (d, _) = driver(dir.path(), &claims);
+        let plugin = dir.path().join("plugin");
+        std::fs::remove_dir_all(&plugin).unwrap();
+        std::fs::write(&plugin, b"not a directory").unwrap();
+
+        let answers = d.prepare(vec![cref("a", "u1"), cref("b", "u2")]).await;
+        for uid in ["u1", "u2"] {
+            let err = answers[uid].clone().unwrap_err();
+            assert!(err.contains("writing the checkpoint failed"), "{err}");
+        }
+        let specs: Vec<_> = std::fs::read_dir(dir.path().join("cdi")).unwrap().collect();
+        assert!(specs.is_empty(), "no spec of an unrecorded claim");
+
+        // Once the disk takes writes again, the kubelet's retry prepares both.
+        std::fs::remove_file(&plugin).unwrap();
+        std::fs::create_dir(&plugin).unwrap();
+        let answers = d.prepare(vec![cref("a", "u1"), cref("b", "u2")]).await;
+        assert!(answers.values().all(Result::is_ok), "{answers:?}");
+        let (on_disk, _) = CheckpointStore::new(&plugin, "boot-1").load().unwrap();
+        assert_eq!(on_disk.claims.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unprepare_whose_commit_failed_is_written_on_the_retry() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("a", "u1", &["gpu-0"]));
+        let (d, _) = driver(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("a", "u1")]).await["u1"].is_ok());
+        let plugin = dir.path().join("plugin");
+        let checkpoint = std::fs::read(plugin.join("checkpoint.json")).unwrap();
+        std::fs::remove_dir_all(&plugin).unwrap();
+        std::fs::write(&plugin, b"not a directory").unwrap();
+        assert!(d.unprepare(vec![cref("a", "u1")]).await["u1"].is_err());
+
+        std::fs::remove_file(&plugin).unwrap();
+        std::fs::create_dir(&plugin).unwrap();
+        std::fs::write(plugin.join("checkpoint.json"), checkpoint).unwrap();
+        assert!(d.unprepare(vec![cref("a", "u1")]).await["u1"].is_ok());
+        let (on_disk, _) = CheckpointStore::new(&plugin, "boot-1").load().unwrap();
+        assert!(on_disk.claims.is_empty(), "the retry wrote the removal");
     }
 
     #[tokio::test]

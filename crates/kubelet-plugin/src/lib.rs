@@ -4,10 +4,10 @@
 //! Pure decisions: [`claim`] (what a ResourceClaim asks of this node), [`slices`] (the slices of
 //! a device table), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
 //! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory).
-//! I/O edges: [`driver`] (prepare/unprepare with the checkpoint mutex and the claim GET),
-//! [`publish`] (slice reconciliation), [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the
-//! kubelet's sockets), [`health`] (gRPC liveness), [`metrics`], and [`app`], which wires them
-//! for the binary from [`config`].
+//! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`ledger`] (the claim table and
+//! its group-committed checkpoint), [`publish`] (slice reconciliation),
+//! [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
+//! liveness), [`metrics`], and [`app`], which wires them for the binary from [`config`].
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -21,6 +21,7 @@ pub mod driver;
 pub mod grpc;
 pub mod grpc_uds;
 pub mod health;
+pub mod ledger;
 pub mod metrics;
 pub mod opaque;
 pub mod proto;
