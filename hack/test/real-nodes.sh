@@ -543,41 +543,51 @@ else
   fail "mig-workload: $(pod_phase mig-workload); $(k -n default describe pod mig-workload | tail -4 | tr '\n' ' ')"
 fi
 
-# The plugin SIGKILLed between PrepareStarted and PrepareCompleted of a second MIG claim: the claim
-# is rolled back when the plugin starts again (no CDI spec left of the attempt), the completed one is
-# kept, and the kubelet's retry prepares the second claim. The capability files turned into FIFOs
-# that nobody writes hold the prepare after its first checkpoint write.
+# The plugin SIGKILLed in the middle of a second MIG claim's prepare, after its devices are reserved
+# and before its CDI spec exists: nothing of the attempt is recorded (the checkpoint records a claim
+# once, when its spec is written), the completed claim is kept, and the kubelet's retry prepares the
+# second claim. The capability files turned into FIFOs hold the prepare: a writer opened here lets
+# the plugin's open return and then never writes, so its read blocks until the kill.
 caps="$CLUSTER_DIR/nodes/$MIG_NODE/driver/proc/driver/nvidia/capabilities"
 checkpoint="$CLUSTER_DIR/nodes/$MIG_NODE/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
 checkpointed() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["payload"]["claims"].get(sys.argv[2], {}).get("state", ""))' "$checkpoint" "$1" 2>/dev/null; }
-rm -rf "$CLUSTER_DIR/caps-saved" && cp -a "$caps" "$CLUSTER_DIR/caps-saved"
-find "$caps" -name access -exec sh -c 'rm "$1" && mkfifo "$1"' _ {} \;
+held="$CLUSTER_DIR/caps-held"
+rm -rf "$CLUSTER_DIR/caps-saved" "$held" && cp -a "$caps" "$CLUSTER_DIR/caps-saved"
+holders=()
+while IFS= read -r fifo; do
+  rm "$fifo" && mkfifo "$fifo"
+  (exec 3>"$fifo" && touch "$held" && exec sleep 300) &
+  holders+=("$!")
+done < <(find "$caps" -name access)
 gpu_pod mig-crash "" 1 mig.nvidia.com "" "$MIG_SH; sleep 3600"
-started() { crash_uid="$(claim_uid mig-crash)" && [[ -n "$crash_uid" && "$(checkpointed "$crash_uid")" == PrepareStarted ]]; }
-if wait_until 90 started; then
+holding() { [[ -e "$held" ]]; }
+if wait_until 90 holding && crash_uid="$(claim_uid mig-crash)" && [[ -n "$crash_uid" ]]; then
   mig_plugin="$(plugin_on "$MIG_NODE" | cut -d' ' -f1)"
   container="$(k -n "$GNS" get pod "$mig_plugin" -o jsonpath='{.status.containerStatuses[?(@.name=="gpus")].containerID}')"
   # The files back first: the held prepare stays blocked on the FIFO it opened until the kill.
   rm -rf "$caps" && cp -a "$CLUSTER_DIR/caps-saved" "$caps"
+  recorded_before_kill="$(checkpointed "$crash_uid")"
   "$HACK_DIR/cluster" node-exec "$MIG_NODE" "$BIN_DIR/ctr" --address /run/containerd/containerd.sock -n k8s.io \
     tasks kill -s SIGKILL "${container#containerd://}" 2> >(grep -v 'cgroup v1' >&2)
+  kill "${holders[@]}" 2>/dev/null || true
   crash_spec="$(cdi_spec "$MIG_NODE" "$crash_uid")"
   [[ -e "$crash_spec" ]] && fail "the held prepare wrote its CDI spec before the kill"
-  rolled_back() { k -n "$GNS" logs "$mig_plugin" -c gpus 2>/dev/null | grep 'rolled back' | grep -q "$crash_uid"; }
-  if wait_until 120 running mig-crash && rolled_back && [[ "$(checkpointed "$crash_uid")" == PrepareCompleted && "$(checkpointed "$mig_uid")" == PrepareCompleted ]]; then
+  [[ -n "$recorded_before_kill" ]] && fail "the held prepare was recorded ($recorded_before_kill) before its CDI spec existed"
+  if wait_until 120 running mig-crash && [[ "$(checkpointed "$crash_uid")" == PrepareCompleted && "$(checkpointed "$mig_uid")" == PrepareCompleted ]]; then
     specs="$(find "$(dirname "$crash_spec")" -name 'k8s.gpu.nvidia.com-claim_*' -printf '%f\n' | sort | tr '\n' ' ')"
     want="$(printf '%s\n' "$(basename "$(cdi_spec "$MIG_NODE" "$mig_uid")")" "$(basename "$crash_spec")" | sort | tr '\n' ' ')"
     if [[ "$specs" == "$want" ]]; then
-      pass "plugin SIGKILLed mid-prepare on $MIG_NODE: the half-prepared claim rolled back at restart and prepared again on the kubelet's retry; both claims PrepareCompleted, one CDI spec each"
+      pass "plugin SIGKILLed mid-prepare on $MIG_NODE: nothing of the held claim was recorded, and the kubelet's retry prepared it; both claims PrepareCompleted, one CDI spec each"
     else
       fail "CDI specs on $MIG_NODE after the crash: $specs (want $want)"
     fi
   else
-    fail "after the crash: mig-crash $(pod_phase mig-crash), rolled back logged: $(rolled_back && echo yes || echo no), checkpoint $(checkpointed "$crash_uid")/$(checkpointed "$mig_uid")"
+    fail "after the crash: mig-crash $(pod_phase mig-crash), checkpoint $(checkpointed "$crash_uid")/$(checkpointed "$mig_uid")"
   fi
 else
+  kill "${holders[@]}" 2>/dev/null || true
   rm -rf "$caps" && cp -a "$CLUSTER_DIR/caps-saved" "$caps"
-  fail "the second MIG claim never reached PrepareStarted: $(tr -d '\n' <"$checkpoint" 2>&1 | head -c 400)"
+  fail "the second MIG claim's prepare never opened a capability file: $(tr -d '\n' <"$checkpoint" 2>&1 | head -c 400)"
 fi
 k -n default delete pod mig-workload mig-crash --wait=false >/dev/null
 no_mig_specs() { ! compgen -G "$CLUSTER_DIR/nodes/$MIG_NODE/run/cdi/k8s.gpu.nvidia.com-claim_*" >/dev/null; }
