@@ -357,7 +357,7 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
 fn pci_info(gpu: &Gpu, device_id: u32) -> nvmlPciInfo_t {
     let mut legacy = [0 as c_char; 16];
     let mut full = [0 as c_char; 32];
-    let short = format!("0000:{:02X}:00.0", gpu.pci_bus);
+    let short = format!("{:04X}:{:02X}:00.0", gpu.pci_domain, gpu.pci_bus);
     for (dst, src) in legacy.iter_mut().zip(short.bytes()) {
         *dst = src as c_char;
     }
@@ -366,7 +366,7 @@ fn pci_info(gpu: &Gpu, device_id: u32) -> nvmlPciInfo_t {
     }
     nvmlPciInfo_t {
         busIdLegacy: legacy,
-        domain: 0,
+        domain: gpu.pci_domain,
         bus: gpu.pci_bus,
         device: 0,
         pciDeviceId: (device_id << 16) | 0x10de,

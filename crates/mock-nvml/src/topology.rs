@@ -27,6 +27,8 @@ pub struct Gpu {
     pub pci_bus_id: String,
     /// PCI bus number.
     pub pci_bus: u32,
+    /// PCI domain (one per 8 GPUs).
+    pub pci_domain: u32,
     /// MIG devices present on it.
     pub migs: Vec<MigDevice>,
 }
@@ -86,8 +88,10 @@ fn build_gpu(profile: &Profile, seed: u64, index: u32) -> Gpu {
         "GPU-",
         seed ^ u64::from(index).wrapping_mul(0x9e37_79b9_7f4a_7c15),
     );
-    // Spread GPUs over buses the way an 8-GPU baseboard does (0x07, 0x0f, 0x47, ...).
-    let pci_bus = 0x07 + index * 8 + (index / 2) * 0x30;
+    // Spread GPUs over buses the way an 8-GPU baseboard does (0x07, 0x0f, 0x47, ...), one PCI
+    // domain per baseboard, so bus numbers stay below 0x100 however many GPUs there are.
+    let (pci_domain, slot) = (index / 8, index % 8);
+    let pci_bus = 0x07 + slot * 8 + (slot / 2) * 0x30;
     let migs = match &profile.mig {
         Some(mig) if mig.enabled => mig
             .layout
@@ -110,7 +114,8 @@ fn build_gpu(profile: &Profile, seed: u64, index: u32) -> Gpu {
         index,
         minor: index,
         uuid,
-        pci_bus_id: format!("00000000:{pci_bus:02X}:00.0"),
+        pci_bus_id: format!("{pci_domain:08X}:{pci_bus:02X}:00.0"),
+        pci_domain,
         pci_bus,
         migs,
     }
@@ -161,6 +166,12 @@ mod tests {
         let buses: HashSet<_> = a.gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
         assert_eq!((uuids.len(), buses.len()), (8, 8));
         assert_eq!(a.gpus[3].uuid, b.gpus[3].uuid);
+        // Past one baseboard, GPUs move to the next PCI domain with well-formed bus ids.
+        let big = Topology::build(load("a100-sxm4-40gb").unwrap(), 32).unwrap();
+        let buses: HashSet<_> = big.gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
+        assert_eq!(buses.len(), 32);
+        assert_eq!(big.gpus[9].pci_bus_id, "00000001:0F:00.0");
+        assert!(big.gpus.iter().all(|g| g.pci_bus < 0x100));
         assert!(a.gpus[0].uuid.starts_with("GPU-") && a.gpus[0].uuid.len() == 40);
     }
 
