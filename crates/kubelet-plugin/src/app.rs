@@ -162,7 +162,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");
     }
 
-    let client = service::kube_client("gpu-kubelet-plugin")
+    let client = service::kube_client_multiplexed("gpu-kubelet-plugin")
         .await
         .context("building the kube client")?;
     let plugin_dir = config.plugin_dir();

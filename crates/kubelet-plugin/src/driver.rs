@@ -225,7 +225,12 @@ impl<C: ClaimSource> Driver<C> {
                 added: false,
             });
         }
-        let object = self.claims.get(&claim.namespace, &claim.name).await?;
+        let asked = Instant::now();
+        let object = self.claims.get(&claim.namespace, &claim.name).await;
+        if let Some(m) = &self.metrics {
+            m.observe_claim_read(asked.elapsed());
+        }
+        let object = object?;
         let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)?;
         let devices = claim::resolve(&object, &allocated, &self.table, &self.driver_name)?;
         let prepared: Vec<PreparedDevice> = allocated
@@ -345,8 +350,11 @@ impl<C: ClaimSource> Driver<C> {
         let version = staged.iter().flatten().map(|s| s.version).max();
         let committed = match version {
             Some(version) => self.ledger.commit(version).await,
-            None => Ok(()),
+            None => Ok(false),
         };
+        if let (Ok(true), Some(m)) = (&committed, &self.metrics) {
+            m.count_checkpoint_write();
+        }
         if committed.is_err() {
             for (claim, staged) in claims.iter().zip(&staged) {
                 if staged.as_ref().is_ok_and(|s| s.added) {
@@ -364,7 +372,7 @@ impl<C: ClaimSource> Driver<C> {
             .zip(staged)
             .map(|(c, staged)| {
                 let result = match (&committed, staged) {
-                    (Ok(()), Ok(staged)) => Ok(staged.answer),
+                    (Ok(_), Ok(staged)) => Ok(staged.answer),
                     (Err(e), Ok(_)) => Err(ClaimFailure::Checkpoint(e.to_string())),
                     (_, Err(e)) => Err(e),
                 };

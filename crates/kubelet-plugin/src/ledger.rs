@@ -64,11 +64,12 @@ impl Ledger {
     }
 
     /// Makes sure the file holds `version` or later: waits for a write in flight, then writes
-    /// the table as it is now unless that write already covered `version`.
-    pub async fn commit(&self, version: Version) -> io::Result<()> {
+    /// the table as it is now unless that write already covered `version`. True when this call
+    /// wrote.
+    pub async fn commit(&self, version: Version) -> io::Result<bool> {
         let mut written = self.written.lock().await;
         if *written >= version {
-            return Ok(());
+            return Ok(false);
         }
         let (snapshot, latest) = {
             let current = self.lock();
@@ -80,7 +81,7 @@ impl Ledger {
             .map_err(io::Error::other)??;
         self.writes.fetch_add(1, Ordering::Relaxed);
         *written = latest;
-        Ok(())
+        Ok(true)
     }
 
     /// How many times the file was written since start.
@@ -129,7 +130,7 @@ mod tests {
         let (on_disk, _) = store.load().unwrap();
         assert_eq!(on_disk.claims.keys().collect::<Vec<_>>(), ["u1"]);
         let (_, read) = ledger.read(|_| ());
-        ledger.commit(read).await.unwrap();
+        assert!(!ledger.commit(read).await.unwrap());
         assert_eq!(ledger.writes(), 1);
     }
 

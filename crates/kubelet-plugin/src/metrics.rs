@@ -45,6 +45,8 @@ pub struct Metrics {
     requests: Family<OperationLabels, Counter>,
     errors: Family<FailureLabels, Counter>,
     duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    claim_reads: Histogram,
+    checkpoint_writes: Counter,
     prepared_devices: Gauge,
     unreadable_gpus: Gauge,
 }
@@ -56,6 +58,8 @@ impl Metrics {
             requests: Family::default(),
             errors: Family::default(),
             duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            claim_reads: latency_histogram(),
+            checkpoint_writes: Counter::default(),
             prepared_devices: Gauge::default(),
             unreadable_gpus: Gauge::default(),
         };
@@ -74,6 +78,16 @@ impl Metrics {
             "claim_duration_seconds",
             "Time to prepare or unprepare one claim",
             metrics.duration.clone(),
+        );
+        sub.register(
+            "claim_read_duration_seconds",
+            "Time to read one claim from the API server (part of its prepare)",
+            metrics.claim_reads.clone(),
+        );
+        sub.register(
+            "checkpoint_writes",
+            "Checkpoint writes: at most one per call, shared by concurrent calls",
+            metrics.checkpoint_writes.clone(),
         );
         sub.register(
             "prepared_devices",
@@ -102,6 +116,16 @@ impl Metrics {
         self.duration
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// Records one claim read from the API server.
+    pub fn observe_claim_read(&self, took: Duration) {
+        self.claim_reads.observe(took.as_secs_f64());
+    }
+
+    /// Counts one checkpoint write.
+    pub fn count_checkpoint_write(&self) {
+        self.checkpoint_writes.inc();
     }
 
     /// Sets the number of GPUs left out because NVML could not read them.
@@ -133,6 +157,8 @@ mod tests {
         );
         metrics.set_prepared_devices(3);
         metrics.set_unreadable_gpus(1);
+        metrics.observe_claim_read(Duration::from_millis(1));
+        metrics.count_checkpoint_write();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
@@ -151,6 +177,14 @@ mod tests {
         );
         assert!(
             text.contains("gpu_kubelet_plugin_unreadable_gpus 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_kubelet_plugin_claim_read_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_kubelet_plugin_checkpoint_writes_total 1"),
             "{text}"
         );
         assert!(
