@@ -5,6 +5,11 @@
 // would. What it adds is the pod loop a kubelet normally owns: for every pod bound to the node it
 // prepares the pod's claims and then sets an annotation that the KWOK pod-ready stage waits for, and
 // it unprepares them once the pod is being deleted or gone.
+//
+// With --metrics-addr it serves the DRA manager's gRPC latency histogram
+// (dra_grpc_operations_duration_seconds, timed by the kubelet's own client interceptor around each
+// NodePrepareResources/NodeUnprepareResources) with buckets 2% apart instead of the kubelet's 15,
+// so that benchmarks read percentiles of the RPCs as the kubelet sees them (make bench-prepare).
 package main
 
 import (
@@ -12,6 +17,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -33,9 +40,12 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	kubeletmetrics "k8s.io/kubernetes/pkg/kubelet/metrics"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 )
 
@@ -78,6 +88,7 @@ func main() {
 		rootDir      = flag.String("root-dir", "", "kubelet root directory of the node; plugins_registry, plugins and dra state live below it")
 		featureGates = flag.String("feature-gates", "", "feature gates, as for the kubelet (comma-separated Name=bool)")
 		workers      = flag.Int("workers", 2, "pods handled in parallel")
+		metricsAddr  = flag.String("metrics-addr", "", "serve the DRA gRPC latency histogram on this address (host:port, port 0 for any); the address taken is written to <root-dir>/metrics-addr")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
@@ -94,10 +105,46 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background().WithValues("node", *nodeName))
+	if *metricsAddr != "" {
+		if err := serveMetrics(*metricsAddr, *rootDir); err != nil {
+			klog.ErrorS(err, "metrics")
+			os.Exit(1)
+		}
+	}
 	if err := run(ctx, *kubeconfig, *nodeName, *rootDir, *workers); err != nil {
 		klog.ErrorS(err, "mini-kubelet failed")
 		os.Exit(1)
 	}
+}
+
+// serveMetrics swaps the kubelet's DRA gRPC histogram (which its client interceptor looks up on every
+// call) for one with fine buckets, 50µs to 5s, and serves it.
+func serveMetrics(addr, rootDir string) error {
+	kubeletmetrics.DRAGRPCOperationsDuration = metrics.NewHistogramVec(
+		&metrics.HistogramOpts{
+			Subsystem:      kubeletmetrics.DRASubsystem,
+			Name:           kubeletmetrics.DRAGRPCOperationsDurationKey,
+			Help:           "Duration in seconds of the DRA gRPC operations (buckets 2% apart)",
+			Buckets:        metrics.ExponentialBucketsRange(50e-6, 5, 582),
+			StabilityLevel: metrics.ALPHA,
+		},
+		[]string{"driver_name", "method_name", "grpc_status_code"},
+	)
+	legacyregistry.MustRegister(kubeletmetrics.DRAGRPCOperationsDuration)
+	listener, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(rootDir, 0o750); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(rootDir, "metrics-addr"), []byte(listener.Addr().String()+"\n"), 0o640); err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", legacyregistry.Handler())
+	go func() { _ = http.Serve(listener, mux) }()
+	return nil
 }
 
 func run(ctx context.Context, kubeconfig, nodeName, rootDir string, workers int) error {
