@@ -13,7 +13,7 @@ CARGO ?= cargo
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: build test lint fmt generate test-rust test-e2e bench-scale bench-requests demo help
+.PHONY: build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -50,6 +50,9 @@ bench-scale: hack-tools ## Labeler and operator at 1,000 and 5,000 fake GPU node
 
 bench-requests: hack-tools ## API requests of the slice publisher and the operator (BASELINE_BIN_DIR for a side-by-side row; not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-requests.sh
+
+bench-prepare: hack-tools ## Prepare/unprepare as the kubelet times them, one at a time and in bursts (UPSTREAM_PLUGIN for a side-by-side run; not part of make test)
+	CACHE_DIR=$(CACHE_DIR) hack/bench-prepare.sh
 
 demo: ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
 	CACHE_DIR=$(CACHE_DIR) hack/demo.sh

@@ -98,24 +98,7 @@ check "registered with the kubelet code" wait_for 20 grep -q "registered with th
 kubectl delete resourceslices --field-selector spec.nodeName=gpu-node-0 >/dev/null
 check "deleted slices are published again" wait_for 30 has_devices gpu-node-0 "$A100S"
 
-kubectl apply -f - >/dev/null <<'YAML'
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: gpu.nvidia.com}
-spec:
-  selectors:
-  - cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.nvidia.com}
-YAML
+kubectl apply -f "$REPO/crates/kubelet-plugin/tests/cluster/one-gpu.yaml" >/dev/null
 gpu_pod gpu-pod
 prepared() { [[ "$(kubectl get pod gpu-pod -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/prepared}')" == true ]]; }
 check "a pod's GPU claim is prepared through the kubelet DRA manager" wait_for 60 prepared
