@@ -22,7 +22,7 @@ build: ## Build every binary and test target of the workspace
 	$(CARGO) build --workspace --all-targets --locked
 
 # Every shell script of the repository (hack/, e2e/, the chart's and the plugin's test scripts).
-SHELL_SCRIPTS = $(shell git ls-files '*.sh' .ci/run hack/cluster hack/real-node hack/fake-driver-root)
+SHELL_SCRIPTS = $(shell git ls-files '*.sh' .ci/run hack/cluster hack/real-node hack/fake-driver-root hack/bench-upstream-plugin)
 
 lint: ## rustfmt, clippy and shellcheck, warnings are errors
 	$(CARGO) fmt --all --check
