@@ -769,6 +769,18 @@ mod tests {
         assert!(store.load().unwrap().0.claims.is_empty());
     }
 
+    /// Turns the checkpoint's folder into a file, so checkpoint writes fail (even as root).
+    fn refuse_writes(plugin: &Path) {
+        std::fs::remove_dir_all(plugin).unwrap();
+        std::fs::write(plugin, b"not a directory").unwrap();
+    }
+
+    /// Undoes [`refuse_writes`] with an empty folder.
+    fn take_writes(plugin: &Path) {
+        std::fs::remove_file(plugin).unwrap();
+        std::fs::create_dir(plugin).unwrap();
+    }
+
     #[tokio::test]
     async fn a_failed_commit_fails_the_call_and_keeps_nothing() {
         let (dir, claims) = setup();
@@ -776,8 +788,7 @@ mod tests {
         claims.put(exclusive("b", "u2", &["gpu-1"]));
         let (d, _) = driver(dir.path(), &claims);
         let plugin = dir.path().join("plugin");
-        std::fs::remove_dir_all(&plugin).unwrap();
-        std::fs::write(&plugin, b"not a directory").unwrap();
+        refuse_writes(&plugin);
 
         let answers = d.prepare(vec![cref("a", "u1"), cref("b", "u2")]).await;
         for uid in ["u1", "u2"] {
@@ -788,8 +799,7 @@ mod tests {
         assert!(specs.is_empty(), "no spec of an unrecorded claim");
 
         // Once the disk takes writes again, the kubelet's retry prepares both.
-        std::fs::remove_file(&plugin).unwrap();
-        std::fs::create_dir(&plugin).unwrap();
+        take_writes(&plugin);
         let answers = d.prepare(vec![cref("a", "u1"), cref("b", "u2")]).await;
         assert!(answers.values().all(Result::is_ok), "{answers:?}");
         let (on_disk, _) = CheckpointStore::new(&plugin, "boot-1").load().unwrap();
@@ -804,12 +814,10 @@ mod tests {
         assert!(d.prepare(vec![cref("a", "u1")]).await["u1"].is_ok());
         let plugin = dir.path().join("plugin");
         let checkpoint = std::fs::read(plugin.join("checkpoint.json")).unwrap();
-        std::fs::remove_dir_all(&plugin).unwrap();
-        std::fs::write(&plugin, b"not a directory").unwrap();
+        refuse_writes(&plugin);
         assert!(d.unprepare(vec![cref("a", "u1")]).await["u1"].is_err());
 
-        std::fs::remove_file(&plugin).unwrap();
-        std::fs::create_dir(&plugin).unwrap();
+        take_writes(&plugin);
         std::fs::write(plugin.join("checkpoint.json"), checkpoint).unwrap();
         assert!(d.unprepare(vec![cref("a", "u1")]).await["u1"].is_ok());
         let (on_disk, _) = CheckpointStore::new(&plugin, "boot-1").load().unwrap();
