@@ -12,6 +12,21 @@ pub const GPU_CLUSTER_FINALIZER: &str = "gpucluster.nvidia.com/dra-resourceclaim
 
 /// The upstream operator's `ClusterPolicy` (`clusterpolicies.nvidia.com/v1`, cluster-scoped): the
 /// device-plugin plane's CR. Watched, never written; while one exists that plane is its operator's.
+/// Keys of the device taints the DRA plugin puts on unhealthy GPUs in its ResourceSlices; a claim
+/// tolerates them by key (`spec.devices.requests[].exactly.tolerations`).
+pub mod taints {
+    /// The GPU is gone (XID 79, or NVML reports it lost): effect `NoExecute`, so the pods
+    /// using it are evicted. Value: `xid-79` or `nvml`, whichever said so.
+    pub const GPU_LOST: &str = "gpu.nvidia.com/gpu-lost";
+    /// A fatal XID other than 79: effect `NoSchedule`. Value: the XID number (`unknown` when
+    /// NVML did not give it).
+    pub const XID: &str = "gpu.nvidia.com/xid";
+    /// A double-bit (uncorrectable) ECC error: effect `NoSchedule`. Value: `double-bit`.
+    pub const ECC: &str = "gpu.nvidia.com/ecc";
+    /// NVML could not read the GPU: effect `NoSchedule`. No value.
+    pub const UNREADABLE: &str = "gpu.nvidia.com/unreadable";
+}
+
 pub mod cluster_policy {
     /// Its kind, as the API serves it.
     pub fn api_resource() -> kube::api::ApiResource {

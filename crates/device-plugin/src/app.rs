@@ -2,50 +2,21 @@
 //! keeps device health current from NVML.
 
 use crate::config::{Config, Offer};
-use crate::health::{Change, Tracker};
 use crate::metrics::Metrics;
-use crate::monitor::{self, Observation};
 use crate::plan::{self, Plan};
 use crate::proto;
 use crate::serve::{self, Endpoint};
 use crate::state::State;
 use anyhow::Context;
 use gpu_discovery::DriverPaths;
+use gpu_discovery::health::Tracker;
+use gpu_discovery::monitor::{self, Observation};
 use gpu_discovery::{DriverReady, InitMode, NvmlSession, root};
 use kubelet_plugin::cdi::CdiWriter;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
-
-/// Applies one observation to `tracker`; `gpus_by_index` names the GPUs a probe reports by NVML
-/// index. Returns the changes.
-pub fn observe(
-    tracker: &mut Tracker,
-    observation: &Observation,
-    gpus_by_index: &BTreeMap<u32, String>,
-    now: Instant,
-) -> Vec<Change> {
-    match observation {
-        Observation::Event(event) => tracker.event(event).into_iter().collect(),
-        Observation::Probe {
-            readable,
-            unreadable,
-        } => tracker.probe(
-            readable.iter().map(String::as_str),
-            unreadable.iter().filter_map(|(index, error)| {
-                gpus_by_index
-                    .get(index)
-                    .map(|uuid| (uuid.as_str(), error.clone()))
-            }),
-            now,
-        ),
-        Observation::NvmlFailed(_) => {
-            tracker.nvml_failed();
-            Vec::new()
-        }
-    }
-}
 
 /// Sets the device gauges from `state`.
 fn count(metrics: &Metrics, state: &State) {
@@ -75,19 +46,15 @@ async fn track_health(
             tracing::error!(%error, "NVML failed; device health unknown, keeping what was last known");
         }
         nvml_failing = failed;
-        let changes = observe(&mut tracker, &observation, &gpus_by_index, Instant::now());
+        let changes = tracker.observe(&observation, &gpus_by_index, Instant::now());
         if changes.is_empty() {
             continue;
         }
         for change in &changes {
-            match change {
-                Change::Unhealthy { gpu, fault } => {
-                    tracing::warn!(%gpu, %fault, "GPU unhealthy; its devices are no longer offered")
-                }
-                Change::Recovered { gpu } => {
-                    tracing::info!(%gpu, "GPU healthy again; its devices are offered again")
-                }
-            }
+            change.log(
+                "its devices are no longer offered",
+                "its devices are offered again",
+            );
         }
         state.send_modify(|s| {
             s.unhealthy = s
@@ -160,7 +127,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     count(&metrics, &state_rx.borrow());
 
     let (observations_tx, observations_rx) = mpsc::unbounded_channel();
-    let monitor = monitor::spawn(library, config.health_probe_interval, observations_tx);
+    let monitor = monitor::spawn(library, config.health_probe_interval, move |o| {
+        observations_tx.send(o).is_ok()
+    });
     let health = tokio::spawn(track_health(
         observations_rx,
         Tracker::new(config.health_recovery_period),

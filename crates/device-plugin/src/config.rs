@@ -6,7 +6,7 @@
 
 use api::contract::{env, paths};
 use clap::Parser;
-use kubelet_plugin::config::{HttpEndpoint, default_driver_ready, parse_endpoint};
+use kubelet_plugin::config::{HttpEndpoint, default_driver_ready, parse_endpoint, parse_seconds};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -227,15 +227,6 @@ impl TimeSlicing {
 
 fn default_device_plugin_dir() -> PathBuf {
     PathBuf::from(paths::DEFAULT_KUBELET_ROOT).join("device-plugins")
-}
-
-fn parse_seconds(value: &str) -> Result<Duration, String> {
-    value
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("{value:?} is not a positive number of seconds"))
 }
 
 /// `gpu-device-plugin`: serves this node's GPUs to the kubelet as extended resources, injected

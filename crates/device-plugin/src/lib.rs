@@ -3,11 +3,12 @@
 //!
 //! Pure decisions: [`plan`] (resources and device IDs from the inventory, MIG strategies,
 //! time-slicing replicas), [`allocate`] (preferred allocations and what a container gets),
-//! [`health`] (which NVML events make a GPU unhealthy, recovery with damping), [`state`] (the
-//! device lists sent to the kubelet), [`cdi::spec`].
+//! [`state`] (the device lists sent to the kubelet), [`cdi::spec`]. Device health (which NVML
+//! events make a GPU unhealthy, recovery with damping, the NVML monitor) is shared with the DRA
+//! plugin, in `gpu_discovery::health` and `gpu_discovery::monitor`.
 //! I/O edges: [`serve`] (sockets and registration, across kubelet restarts), [`grpc`] (the
-//! service), [`monitor`] (NVML events and probes on a thread), [`cdi::write`], [`metrics`], and
-//! [`app`], which wires them for the binary from [`config`].
+//! service), [`cdi::write`], [`metrics`], and [`app`], which wires them for the binary from
+//! [`config`].
 #![forbid(unsafe_code)]
 
 pub mod allocate;
@@ -15,9 +16,7 @@ pub mod app;
 pub mod cdi;
 pub mod config;
 pub mod grpc;
-pub mod health;
 pub mod metrics;
-pub mod monitor;
 pub mod plan;
 pub mod proto;
 pub mod serve;

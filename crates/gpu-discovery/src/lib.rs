@@ -10,6 +10,8 @@
 //! - [`nvml`]: an NVML session loaded from the probed root's `libnvidia-ml.so.1` (never from the
 //!   default library search path), reading a plain [`model`] of GPUs and MIG devices, and device
 //!   events.
+//! - [`health`]: which NVML faults make a GPU unhealthy, how badly, and when it recovers;
+//!   [`monitor`]: NVML events and periodic probes, read on a thread of their own.
 //! - `testing` (feature `test-support`): fake driver roots carrying the mock NVML.
 #![forbid(unsafe_code)]
 
@@ -17,7 +19,9 @@ pub mod atomic;
 pub mod driver_files;
 pub mod driver_paths;
 pub mod driver_ready;
+pub mod health;
 pub mod model;
+pub mod monitor;
 pub mod nvml;
 pub mod root;
 #[cfg(feature = "test-support")]

@@ -114,6 +114,9 @@ pub enum EventKind {
 pub struct EventWatch<'a> {
     session: &'a NvmlSession,
     set: EventSet<'a>,
+    /// The GPUs watched, with their UUID read at registration: a GPU lost since answers no
+    /// query, so its events are matched by handle.
+    watched: Vec<(Device<'a>, String)>,
     /// GPUs left out of the watch because NVML could not read them (a lost GPU), with why.
     pub skipped: Vec<NvmlError>,
 }
@@ -200,6 +203,7 @@ impl NvmlSession {
             .create_event_set()
             .map_err(|e| self.err("create_event_set", "system", e))?;
         let mut skipped = Vec::new();
+        let mut watched = Vec::new();
         for index in 0..self.device_count()? {
             let what = format!("GPU {index}");
             let supported = self
@@ -210,9 +214,10 @@ impl NvmlSession {
                     let types = device
                         .supported_event_types()
                         .map_err(|e| self.err("supported_event_types", &what, e))?;
-                    Ok((device, types))
+                    let uuid = device.uuid().map_err(|e| self.err("uuid", &what, e))?;
+                    Ok((device, types, uuid))
                 });
-            let (device, supported) = match supported {
+            let (device, supported, uuid) = match supported {
                 Ok(found) => found,
                 Err(e) => {
                     skipped.push(e);
@@ -223,10 +228,12 @@ impl NvmlSession {
             set = device
                 .register_events(wanted & supported, set)
                 .map_err(|e| self.err("register_events", &what, e.error))?;
+            watched.push((device, uuid));
         }
         Ok(EventWatch {
             session: self,
             set,
+            watched,
             skipped,
         })
     }
@@ -392,10 +399,17 @@ impl EventWatch<'_> {
             Err(RawError::Timeout) => return Ok(None),
             Err(e) => return Err(self.session.err("event wait", "event set", e)),
         };
-        let uuid = data
-            .device
-            .uuid()
-            .map_err(|e| self.session.err("uuid", "event device", e))?;
+        let known = self
+            .watched
+            .iter()
+            .find(|(device, _)| nvml_ext::same_handle(device, &data.device));
+        let uuid = match known {
+            Some((_, uuid)) => uuid.clone(),
+            None => data
+                .device
+                .uuid()
+                .map_err(|e| self.session.err("uuid", "event device", e))?,
+        };
         let kind = if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
             EventKind::Xid(match data.event_data {
                 Some(XidError::Value(v)) => Some(v),

@@ -317,19 +317,18 @@ fn a_lost_gpu_is_reported_and_the_others_still_read_even_when_lost_after_init() 
     );
 }
 
+fn gpu_uuids(session: &NvmlSession) -> Vec<String> {
+    let inventory = session.inventory().unwrap();
+    inventory.gpus.into_iter().map(|g| g.uuid).collect()
+}
+
 #[test]
 fn queued_and_later_xid_and_ecc_events_reach_the_watcher() {
     let node = FakeNode::new();
     let lib = node.install_host_driver(&json!({"profile": "a100-sxm4-80gb", "gpu_count": 2,
         "faults": {"xid_events": [{"gpu": 1, "xid": 79}]}}));
     let session = open(&lib);
-    let uuids: Vec<_> = session
-        .inventory()
-        .unwrap()
-        .gpus
-        .into_iter()
-        .map(|g| g.uuid)
-        .collect();
+    let uuids = gpu_uuids(&session);
     let watch = session.watch_events().unwrap();
     let event = watch
         .next(Duration::from_secs(5))
@@ -360,6 +359,30 @@ fn queued_and_later_xid_and_ecc_events_reach_the_watcher() {
             (uuids[1].clone(), EventKind::DoubleBitEcc),
             (uuids[0].clone(), EventKind::SingleBitEcc),
         ]
+    );
+}
+
+/// After XID 79 the GPU has fallen off the bus and answers no query, its UUID included: the event
+/// still names it, from what was read when the watch began.
+#[test]
+fn an_xid_79_names_its_gpu_though_the_gpu_is_lost_by_then() {
+    let node = FakeNode::new();
+    let lib = node.install_host_driver(&mock_config("a100-sxm4-80gb", 2));
+    let session = open(&lib);
+    let uuids = gpu_uuids(&session);
+    let watch = session.watch_events().unwrap();
+    configure(
+        &node.host_root(),
+        &json!({"profile": "a100-sxm4-80gb", "gpu_count": 2,
+        "faults": {"xid_events": [{"gpu": 1, "xid": 79}], "lost_gpus": [1]}}),
+    );
+    let event = watch
+        .next(Duration::from_secs(5))
+        .unwrap()
+        .expect("the XID");
+    assert_eq!(
+        (event.uuid.as_str(), event.kind),
+        (uuids[1].as_str(), EventKind::Xid(Some(79)))
     );
 }
 

@@ -4,6 +4,7 @@
 use crate::cdi::CdiWriter;
 use crate::checkpoint::{self, CheckpointStore, LoadOutcome};
 use crate::config::Config;
+use crate::device_health::{self, GpuFault, HealthStream, HealthView};
 use crate::devices::DeviceTable;
 use crate::driver::{Driver, KubeClaims, StartReport};
 use crate::grpc::DraService;
@@ -16,11 +17,15 @@ use crate::sockets::private_dir;
 use anyhow::Context;
 use api::contract::DRIVER_NAME;
 use gpu_discovery::DriverPaths;
+use gpu_discovery::health::{Change, Severity, Tracker};
+use gpu_discovery::monitor::{self, Observation};
 use gpu_discovery::{DriverReady, InitMode, NvmlSession, UnreadableGpu, root};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
 
 /// Where the kernel says when this boot began (`btime`).
 const PROC_STAT: &str = "/proc/stat";
@@ -28,14 +33,131 @@ const PROC_STAT: &str = "/proc/stat";
 /// Reads the node's devices through NVML loaded from the container driver root, with the GPUs
 /// NVML could not read (left out of the table).
 pub fn read_devices(roots: &DriverPaths) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
+    let gpus = read_gpus(roots)?;
+    Ok((gpus.table, gpus.unreadable))
+}
+
+/// What the plugin learns from NVML at start.
+struct NodeGpus {
+    table: DeviceTable,
+    unreadable: Vec<UnreadableGpu>,
+    /// GPU UUIDs by NVML index, for the monitor's probes.
+    by_index: BTreeMap<u32, String>,
+    /// The NVML library read, which the monitor keeps reading.
+    library: PathBuf,
+}
+
+fn read_gpus(roots: &DriverPaths) -> anyhow::Result<NodeGpus> {
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let session = NvmlSession::open(&library, InitMode::Full)?;
     let inventory = session.inventory()?;
-    Ok((
-        DeviceTable::from_inventory(&inventory),
-        inventory.unreadable,
-    ))
+    Ok(NodeGpus {
+        table: DeviceTable::from_inventory(&inventory),
+        by_index: inventory
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.clone()))
+            .collect(),
+        unreadable: inventory.unreadable,
+        library,
+    })
+}
+
+/// The Event reason and note for a GPU whose health changed, and whether it is a warning.
+pub fn health_event(change: &Change, table: &DeviceTable) -> (&'static str, String, bool) {
+    let gpu = match change {
+        Change::Unhealthy { gpu, .. } | Change::Recovered { gpu } => gpu,
+    };
+    let devices: Vec<&str> = table
+        .devices
+        .values()
+        .filter(|d| &d.gpu.gpu_uuid == gpu)
+        .map(|d| d.name.as_str())
+        .collect();
+    let devices = devices.join(", ");
+    match change {
+        Change::Unhealthy { fault, .. } => {
+            let taint = device_health::taint(&device_health::GpuFault {
+                fault: fault.clone(),
+                since: jiff::Timestamp::UNIX_EPOCH,
+            });
+            let consequence = match fault.severity() {
+                Severity::Lost => "pods using them are evicted and no new claim gets them",
+                Severity::Degraded => "no new claim gets them; pods using them keep running",
+            };
+            let note = format!(
+                "GPU {gpu} is unhealthy ({fault}): its devices ({devices}) are tainted {key}:{effect}; \
+                 {consequence}. The taint goes once NVML reads the GPU fine for the recovery \
+                 period. Check the GPU (nvidia-smi -q, the kernel log for XID errors).",
+                key = taint.key,
+                effect = taint.effect,
+            );
+            ("GPUUnhealthy", note, true)
+        }
+        Change::Recovered { .. } => (
+            "GPURecovered",
+            format!(
+                "GPU {gpu} is healthy again: the taints of its devices ({devices}) are removed"
+            ),
+            false,
+        ),
+    }
+}
+
+/// Keeps `view` current from the NVML monitor's observations, with an Event on the Node and a
+/// log line for each GPU whose health changes, until the monitor stops.
+async fn track_health(
+    mut observations: mpsc::UnboundedReceiver<Observation>,
+    mut tracker: Tracker,
+    gpus_by_index: BTreeMap<u32, String>,
+    view: watch::Sender<HealthView>,
+    recorder: NodeEvents,
+    table: Arc<DeviceTable>,
+    metrics: Metrics,
+) {
+    while let Some(observation) = observations.recv().await {
+        let changes = tracker.observe(&observation, &gpus_by_index, std::time::Instant::now());
+        let unknown = tracker.nvml_failing();
+        if let (Observation::NvmlFailed(error), false) = (&observation, view.borrow().unknown) {
+            tracing::error!(%error, "NVML failed; device health unknown, taints left as they are");
+        }
+        let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+            .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+        view.send_if_modified(|v| {
+            let before = v.clone();
+            v.unknown = unknown;
+            for change in &changes {
+                match change {
+                    Change::Unhealthy { gpu, fault } => {
+                        v.faults.insert(
+                            gpu.clone(),
+                            GpuFault {
+                                fault: fault.clone(),
+                                since: now,
+                            },
+                        );
+                    }
+                    Change::Recovered { gpu } => {
+                        v.faults.remove(gpu);
+                    }
+                }
+            }
+            *v != before
+        });
+        for change in &changes {
+            change.log("its devices are tainted", "its devices' taints are removed");
+            let (reason, note, warning) = health_event(change, &table);
+            recorder.publish(reason, note, warning).await;
+        }
+        let v = view.borrow().clone();
+        let lost = v
+            .faults
+            .values()
+            .filter(|f| f.fault.severity() == Severity::Lost)
+            .count();
+        metrics.set_health(v.faults.len() - lost, lost, v.unknown);
+    }
 }
 
 /// The Event note for a GPU left out because NVML could not read it.
@@ -54,34 +176,51 @@ pub fn unreadable_note(gpu: &UnreadableGpu) -> String {
     )
 }
 
-/// Publishes a Warning Event on `node` as the plugin.
-async fn node_event(client: &kube::Client, node: &str, reason: &str, note: String) {
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "gpu-kubelet-plugin".into(),
-            instance: Some(node.to_owned()),
-        },
-    );
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Recover".into(),
-        secondary: None,
-    };
-    let node_ref = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node.to_owned()),
-        ..Default::default()
-    };
-    if let Err(e) = recorder.publish(&event, &node_ref).await {
-        tracing::warn!(error = %e, reason, "could not publish an event on the node");
+/// Publishes Events on the plugin's Node.
+#[derive(Clone)]
+struct NodeEvents {
+    recorder: Recorder,
+    node: ObjectReference,
+}
+
+impl NodeEvents {
+    fn new(client: &kube::Client, node: &str) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "gpu-kubelet-plugin".into(),
+                instance: Some(node.to_owned()),
+            },
+        );
+        let node = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_owned()),
+            ..Default::default()
+        };
+        Self { recorder, node }
+    }
+
+    /// Publishes a Warning (or Normal) Event; a failure is logged.
+    async fn publish(&self, reason: &str, note: String, warning: bool) {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: if warning { "Recover" } else { "Recovered" }.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &self.node).await {
+            tracing::warn!(error = %e, reason, "could not publish an event on the node");
+        }
     }
 }
 
-async fn report_start(client: &kube::Client, node: &str, report: &StartReport) {
+async fn report_start(events: &NodeEvents, report: &StartReport) {
     for claim in &report.rolled_back {
         tracing::warn!(%claim, "rolled back a claim left half-prepared by a crash");
     }
@@ -95,7 +234,7 @@ async fn report_start(client: &kube::Client, node: &str, report: &StartReport) {
                 "gpu-kubelet-plugin checkpoint was corrupted ({reason}); moved to {} and started empty",
                 moved_to.display()
             );
-            node_event(client, node, "CheckpointCorrupted", note).await;
+            events.publish("CheckpointCorrupted", note, true).await;
         }
         LoadOutcome::NewBoot { previous } => {
             tracing::info!(%previous, "checkpoint from an earlier boot discarded");
@@ -130,9 +269,21 @@ async fn rebuild(client: &kube::Client, driver: &Driver<KubeClaims>, node: &str)
 
 /// Publishes the slices forever; reading the Node is retried, never fatal, so the kubelet
 /// keeps being served while the API is unreachable.
-async fn publish(client: kube::Client, node: String, table: Arc<DeviceTable>) {
+async fn publish(
+    client: kube::Client,
+    node: String,
+    table: Arc<DeviceTable>,
+    health: watch::Receiver<HealthView>,
+) {
     loop {
-        match Publisher::new(client.clone(), DRIVER_NAME, &node, Arc::clone(&table)).await {
+        let publisher = Publisher::new(
+            client.clone(),
+            DRIVER_NAME,
+            &node,
+            Arc::clone(&table),
+            health.clone(),
+        );
+        match publisher.await {
             Ok(publisher) => return publisher.run().await,
             Err(e) => {
                 tracing::warn!(%node, error = %e, "reading this Node failed; retrying");
@@ -156,7 +307,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.driver_root_ctr_path,
         ready.as_ref().map(|r| &r.paths),
     );
-    let (table, unreadable) = read_devices(&roots).context("reading the GPUs through NVML")?;
+    let NodeGpus {
+        table,
+        unreadable,
+        by_index,
+        library,
+    } = read_gpus(&roots).context("reading the GPUs through NVML")?;
     tracing::info!(devices = table.devices.len(), driver = %table.driver_version, "GPUs found");
     for gpu in &unreadable {
         tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");
@@ -180,14 +336,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     metrics.set_unreadable_gpus(unreadable.len());
+    metrics.set_health(0, 0, false);
+    let events = NodeEvents::new(&client, &config.node_name);
     for gpu in &unreadable {
-        node_event(
-            &client,
-            &config.node_name,
-            "GPUUnreadable",
-            unreadable_note(gpu),
-        )
-        .await;
+        events
+            .publish("GPUUnreadable", unreadable_note(gpu), true)
+            .await;
     }
     let table = Arc::new(table);
     let (driver, report) = Driver::start(
@@ -199,19 +353,44 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store,
     )
     .context("loading the checkpoint")?;
-    report_start(&client, &config.node_name, &report).await;
-    let driver = Arc::new(driver.with_metrics(metrics));
+    report_start(&events, &report).await;
+    let driver = Arc::new(driver.with_metrics(metrics.clone()));
     if matches!(report.outcome, LoadOutcome::Corrupted { .. }) {
         rebuild(&client, &driver, &config.node_name).await;
     }
+
+    // Device health: the NVML monitor's thread feeds the tracker, whose view the slices and the
+    // kubelet's health stream follow.
+    let (view_tx, view_rx) = watch::channel(HealthView::default());
+    let (observations_tx, observations_rx) = mpsc::unbounded_channel();
+    let _monitor = monitor::spawn(library, config.health_probe_interval, move |o| {
+        observations_tx.send(o).is_ok()
+    });
+    tokio::spawn(track_health(
+        observations_rx,
+        Tracker::new(config.health_recovery_period),
+        by_index,
+        view_tx,
+        events,
+        Arc::clone(&table),
+        metrics,
+    ));
+    let health_stream = HealthStream::new(Arc::clone(&table), &config.node_name, view_rx.clone());
+    tokio::spawn(publish(
+        client.clone(),
+        config.node_name.clone(),
+        table,
+        view_rx,
+    ));
 
     let shutdown = service::shutdown::Shutdown::on_signal();
     let paths = SocketPaths::new(
         &config.kubelet_registrar_directory_path,
         &config.kubelet_plugins_directory_path,
     );
-    let sockets = Sockets::bind(&paths)?;
-    let registration = RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy());
+    let sockets = Sockets::bind(&paths)?.with_health(health_stream);
+    let registration =
+        RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy()).with_resource_health();
     let ready = service::http::Health::default();
     let mut registered = registration.state();
     let readiness = ready.clone();
@@ -225,8 +404,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     });
-
-    tokio::spawn(publish(client.clone(), config.node_name.clone(), table));
 
     if let Some(port) = config.health_port() {
         let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));

@@ -5,6 +5,7 @@ use api::contract::{env, paths};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// `<kubelet root>/plugins_registry`.
 fn default_registrar_dir() -> PathBuf {
@@ -64,9 +65,26 @@ pub struct Config {
     /// Source of the node's boot id (checkpoints from other boots are discarded).
     #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
     pub boot_id_file: PathBuf,
+    /// Seconds between health probes of every GPU (what NVML events do not report, such as a
+    /// GPU fallen off the bus).
+    #[arg(long, env = "HEALTH_PROBE_INTERVAL", default_value = "5", value_parser = parse_seconds)]
+    pub health_probe_interval: Duration,
+    /// Seconds a GPU must be read fine after its last fault before its devices' taints go.
+    #[arg(long, env = "HEALTH_RECOVERY_PERIOD", default_value = "60", value_parser = parse_seconds)]
+    pub health_recovery_period: Duration,
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
     pub log_format: service::logging::LogFormat,
+}
+
+/// A positive number of seconds, fractions allowed (`0.5`).
+pub fn parse_seconds(value: &str) -> Result<Duration, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{value:?} is not a positive number of seconds"))
 }
 
 /// The metrics endpoint; `None` when disabled.

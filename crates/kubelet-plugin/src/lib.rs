@@ -3,7 +3,8 @@
 //!
 //! Pure decisions: [`claim`] (what a ResourceClaim asks of this node), [`slices`] (the slices of
 //! a device table), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
-//! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory).
+//! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory),
+//! [`device_health`] (taints and the kubelet's health stream from the GPUs' health).
 //! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`ledger`] (the claim table and
 //! its group-committed checkpoint), [`publish`] (slice reconciliation),
 //! [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
@@ -16,6 +17,7 @@ pub mod checkpoint;
 pub mod claim;
 pub mod client;
 pub mod config;
+pub mod device_health;
 pub mod devices;
 pub mod driver;
 pub mod grpc;

@@ -34,6 +34,13 @@ pub struct FailureLabels {
     pub reason: String,
 }
 
+/// Labels of the unhealthy-GPU gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SeverityLabels {
+    /// `degraded` (tainted `NoSchedule`) or `lost` (tainted `NoExecute`).
+    pub severity: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 0.5 ms to about 4 s.
     Histogram::new(exponential_buckets(0.0005, 2.0, 14))
@@ -49,6 +56,8 @@ pub struct Metrics {
     checkpoint_writes: Counter,
     prepared_devices: Gauge,
     unreadable_gpus: Gauge,
+    unhealthy_gpus: Family<SeverityLabels, Gauge>,
+    health_unknown: Gauge,
 }
 
 impl Metrics {
@@ -62,6 +71,8 @@ impl Metrics {
             checkpoint_writes: Counter::default(),
             prepared_devices: Gauge::default(),
             unreadable_gpus: Gauge::default(),
+            unhealthy_gpus: Family::default(),
+            health_unknown: Gauge::default(),
         };
         let sub = registry.sub_registry_with_prefix("gpu_kubelet_plugin");
         sub.register(
@@ -99,7 +110,29 @@ impl Metrics {
             "GPUs NVML counts but could not read at start (lost or failing), left unpublished",
             metrics.unreadable_gpus.clone(),
         );
+        sub.register(
+            "unhealthy_gpus",
+            "GPUs whose devices are tainted for an NVML fault, per severity",
+            metrics.unhealthy_gpus.clone(),
+        );
+        sub.register(
+            "health_unknown",
+            "1 while NVML is not answering, so no GPU's health is known",
+            metrics.health_unknown.clone(),
+        );
         metrics
+    }
+
+    /// Sets the unhealthy-GPU gauges: `degraded` and `lost` counts, and whether NVML answers.
+    pub fn set_health(&self, degraded: usize, lost: usize, unknown: bool) {
+        for (severity, count) in [("degraded", degraded), ("lost", lost)] {
+            self.unhealthy_gpus
+                .get_or_create(&SeverityLabels {
+                    severity: severity.into(),
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        self.health_unknown.set(i64::from(unknown));
     }
 
     /// Records one claim's time and outcome: `failure` is the reason when it failed.

@@ -1,11 +1,17 @@
 //! Keeps the node's ResourceSlices in the API equal to [`crate::slices::desired_slices`]:
-//! publishes at start, then re-checks on every slice event and periodically, so slices the
-//! kubelet wiped (plugin gone for 30 s, kubelet restart) are published again. The slices are read
-//! from a watch-fed store, never listed per event, so the echo of the plugin's own writes costs no
-//! request.
+//! publishes at start, then re-checks on every slice event, every change of device health and
+//! periodically, so slices the kubelet wiped (plugin gone for 30 s, kubelet restart) are
+//! published again. The slices are read from a watch-fed store, never listed per event, so the
+//! echo of the plugin's own writes costs no request.
+//!
+//! Unhealthy devices are published with taints (see [`crate::device_health`]). An apiserver
+//! without device taints (`DRADeviceTaints` off) drops them from what it stores; the publisher
+//! sees that in the write's answer and from then on leaves unhealthy devices out of the slices
+//! instead.
 
+use crate::device_health::{self, HealthView};
 use crate::devices::DeviceTable;
-use crate::slices::{self, NodeRef};
+use crate::slices::{self, NodeRef, Taints};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -16,6 +22,7 @@ use kube::{Api, Client};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// Field manager of the plugin's server-side applies.
 pub const FIELD_MANAGER: &str = "gpu-kubelet-plugin";
@@ -40,6 +47,9 @@ pub struct Publisher {
     driver: String,
     node: NodeRef,
     table: Arc<DeviceTable>,
+    health: watch::Receiver<HealthView>,
+    /// Whether the apiserver keeps device taints; until it is seen dropping them, it does.
+    taints_kept: bool,
     last_generation: i64,
     /// Slices written by the last publish that the watch has not shown since, by name (with the
     /// resourceVersion the write returned).
@@ -57,12 +67,14 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// A publisher for `node_name`'s slices, reading the Node's UID for the owner reference.
+    /// A publisher for `node_name`'s slices, following `health`, reading the Node's UID for the
+    /// owner reference.
     pub async fn new(
         client: Client,
         driver: &str,
         node_name: &str,
         table: Arc<DeviceTable>,
+        health: watch::Receiver<HealthView>,
     ) -> Result<Self, kube::Error> {
         let node: Node = Api::all(client.clone()).get(node_name).await?;
         let node = NodeRef {
@@ -74,9 +86,36 @@ impl Publisher {
             driver: driver.to_owned(),
             node,
             table,
+            health,
+            taints_kept: true,
             last_generation: 0,
             awaiting: BTreeMap::new(),
         })
+    }
+
+    /// The slices to publish now, with `generation`: unhealthy devices tainted, or left out
+    /// where the apiserver drops taints.
+    fn desired(&self, generation: i64) -> Vec<ResourceSlice> {
+        let view = self.health.borrow();
+        let taints = device_health::device_taints(&self.table, &view);
+        if self.taints_kept || taints.is_empty() {
+            return slices::desired_slices(
+                &self.node,
+                &self.driver,
+                &self.table,
+                &taints,
+                generation,
+            );
+        }
+        let mut healthy = (*self.table).clone();
+        healthy.devices.retain(|name, _| !taints.contains_key(name));
+        slices::desired_slices(
+            &self.node,
+            &self.driver,
+            &healthy,
+            &Taints::new(),
+            generation,
+        )
     }
 
     fn field_selector(&self) -> String {
@@ -103,19 +142,30 @@ impl Publisher {
             .map(|s| s.spec.pool.generation)
             .max()
             .unwrap_or(self.last_generation);
-        let probe = slices::desired_slices(&self.node, &self.driver, &self.table, current);
+        let probe = self.desired(current);
         if slices::up_to_date(&existing, &probe) {
             self.last_generation = current;
             return Ok(Outcome::Unchanged);
         }
-        let generation = slices::next_generation(&existing, self.last_generation);
-        let desired = slices::desired_slices(&self.node, &self.driver, &self.table, generation);
+        let mut generation = slices::next_generation(&existing, self.last_generation);
+        let mut desired = self.desired(generation);
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        for slice in &desired {
+        let mut index = 0;
+        while let Some(slice) = desired.get(index) {
             let name = slice.metadata.name.clone().unwrap_or_default();
             let written = api.patch(&name, &params, &Patch::Apply(slice)).await?;
+            if self.taints_kept && taints_dropped(slice, &written) {
+                tracing::warn!(node = %self.node.name, "the apiserver drops device taints (DRADeviceTaints is off): unhealthy devices are left out of the slices instead");
+                self.taints_kept = false;
+                generation += 1;
+                desired = self.desired(generation);
+                self.awaiting.clear();
+                index = 0;
+                continue;
+            }
             self.awaiting
                 .insert(name, written.metadata.resource_version);
+            index += 1;
         }
         let wanted: Vec<_> = desired.iter().map(|s| s.metadata.name.clone()).collect();
         for stale in existing
@@ -169,6 +219,7 @@ impl Publisher {
                 return;
             }
         }
+        let mut health_followed = true;
         loop {
             match self.reconcile(&slices_in(&store)).await {
                 Ok(Outcome::Published(generation)) => {
@@ -197,11 +248,28 @@ impl Publisher {
                     },
                     // Whatever the watch showed, the periodic check compares afresh.
                     _ = resync.tick() => self.awaiting.clear(),
+                    changed = self.health.changed(), if health_followed => {
+                        // The health tracker ended (only at shutdown): nothing more to follow.
+                        health_followed = changed.is_ok();
+                    }
                 }
                 break;
             }
         }
     }
+}
+
+/// Whether `sent` had device taints that `written` (what the apiserver stored) lacks.
+fn taints_dropped(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
+    let tainted = |s: &ResourceSlice| {
+        s.spec
+            .devices
+            .iter()
+            .flatten()
+            .filter(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+            .count()
+    };
+    tainted(sent) > 0 && tainted(written) == 0
 }
 
 fn slices_in(store: &Store<ResourceSlice>) -> Vec<Arc<ResourceSlice>> {
@@ -219,14 +287,43 @@ mod tests {
     use crate::testutil::table;
 
     /// A publisher whose API answers every write with the written object and logs it.
-    fn publisher() -> (Publisher, Arc<Mutex<Vec<String>>>) {
+    fn publisher() -> (Publisher, Writes) {
+        let (publisher, writes, _) = publisher_on(true);
+        (publisher, writes)
+    }
+
+    /// The writes a fake API saw, as `METHOD path`, ` tainted` when a device had taints.
+    type Writes = Arc<Mutex<Vec<String>>>;
+
+    /// A publisher whose API keeps device taints or drops them, with the sender of its health.
+    fn publisher_on(keeps_taints: bool) -> (Publisher, Writes, watch::Sender<HealthView>) {
         let writes = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&writes);
         let client = client("default", move |method, path, body| {
-            log.lock().unwrap().push(format!("{method} {path}"));
-            let object: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            let mut object: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            let tainted = object.pointer("/spec/devices").is_some_and(|d| {
+                d.as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|d| d.get("taints").is_some())
+            });
+            log.lock().unwrap().push(format!(
+                "{method} {path}{}",
+                if tainted { " tainted" } else { "" }
+            ));
+            if !keeps_taints {
+                for device in object
+                    .pointer_mut("/spec/devices")
+                    .and_then(|d| d.as_array_mut())
+                    .into_iter()
+                    .flatten()
+                {
+                    device.as_object_mut().unwrap().remove("taints");
+                }
+            }
             reply(StatusCode::OK, &object)
         });
+        let (health_tx, health) = watch::channel(HealthView::default());
         let publisher = Publisher {
             client,
             driver: "gpu.nvidia.com".into(),
@@ -235,10 +332,73 @@ mod tests {
                 uid: "u".into(),
             },
             table: Arc::new(table(2)),
+            health,
+            taints_kept: true,
             last_generation: 0,
             awaiting: BTreeMap::new(),
         };
-        (publisher, writes)
+        (publisher, writes, health_tx)
+    }
+
+    fn lost(gpu: &str) -> HealthView {
+        HealthView {
+            faults: BTreeMap::from([(
+                gpu.to_owned(),
+                device_health::GpuFault {
+                    fault: gpu_discovery::health::Fault::Xid(Some(79)),
+                    since: jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+                },
+            )]),
+            unknown: false,
+        }
+    }
+
+    fn device_names(slices: &[ResourceSlice]) -> Vec<String> {
+        slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| d.name.clone())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_unhealthy_gpu_is_published_tainted_then_untainted() {
+        let (mut p, writes, health) = publisher_on(true);
+        assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Published(1));
+        let first = p.desired(1);
+        p.awaiting.clear();
+        health.send_replace(lost("GPU-1"));
+        assert_eq!(
+            p.reconcile(&seen(first)).await.unwrap(),
+            Outcome::Published(2)
+        );
+        let tainted = p.desired(2);
+        assert!(writes.lock().unwrap().last().unwrap().ends_with(" tainted"));
+        assert_eq!(device_names(&tainted), ["gpu-0", "gpu-1"]);
+        p.awaiting.clear();
+        // Nothing changed: nothing written.
+        assert_eq!(
+            p.reconcile(&seen(tainted.clone())).await.unwrap(),
+            Outcome::Unchanged
+        );
+        health.send_replace(HealthView::default());
+        assert_eq!(
+            p.reconcile(&seen(tainted)).await.unwrap(),
+            Outcome::Published(3)
+        );
+        assert!(!writes.lock().unwrap().last().unwrap().ends_with(" tainted"));
+    }
+
+    #[tokio::test]
+    async fn without_device_taints_an_unhealthy_gpu_is_left_out() {
+        let (mut p, writes, health) = publisher_on(false);
+        health.send_replace(lost("GPU-1"));
+        assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Published(2));
+        assert!(!p.taints_kept);
+        assert_eq!(device_names(&p.desired(2)), ["gpu-0"]);
+        let writes = writes.lock().unwrap();
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        assert!(!writes[1].ends_with(" tainted"), "{writes:?}");
     }
 
     fn seen(slices: Vec<ResourceSlice>) -> Vec<Arc<ResourceSlice>> {
@@ -255,7 +415,7 @@ mod tests {
         // The store has not caught up (it still shows nothing): behind, not different.
         assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Unchanged);
         // The write's echo arrives: the store equals what was written.
-        let echo = slices::desired_slices(&p.node, &p.driver, &p.table, 1);
+        let echo = p.desired(1);
         for slice in &echo {
             p.saw(&watcher::Event::Apply(slice.clone()));
         }

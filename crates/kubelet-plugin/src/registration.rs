@@ -28,6 +28,7 @@ pub enum RegistrationState {
 pub struct RegistrationService {
     driver_name: String,
     endpoint: String,
+    resource_health: bool,
     state: watch::Sender<RegistrationState>,
 }
 
@@ -37,8 +38,16 @@ impl RegistrationService {
         Self {
             driver_name: driver_name.to_owned(),
             endpoint: endpoint.to_owned(),
+            resource_health: false,
             state: watch::Sender::new(RegistrationState::Pending),
         }
+    }
+
+    /// Also advertises the health stream ([`crate::device_health::SERVICE_NAME`]), which the
+    /// kubelet then opens on the DRA socket.
+    pub fn with_resource_health(mut self) -> Self {
+        self.resource_health = true;
+        self
     }
 
     /// Follows the registration state.
@@ -59,7 +68,15 @@ impl Registration for RegistrationService {
             r#type: PLUGIN_TYPE.to_owned(),
             name: self.driver_name.clone(),
             endpoint: self.endpoint.clone(),
-            supported_versions: SUPPORTED_VERSIONS.iter().map(|s| (*s).to_owned()).collect(),
+            supported_versions: SUPPORTED_VERSIONS
+                .iter()
+                .copied()
+                .chain(
+                    self.resource_health
+                        .then_some(crate::device_health::SERVICE_NAME),
+                )
+                .map(str::to_owned)
+                .collect(),
         }))
     }
 

@@ -1,5 +1,6 @@
 //! Binds the registration and DRA sockets and serves them until shutdown.
 
+use crate::device_health::HealthStream;
 use crate::grpc::DraService;
 use crate::registration::RegistrationService;
 use crate::sockets::{BoundSocket, SocketError, bind_private, private_dir};
@@ -48,6 +49,7 @@ pub enum ServeError {
 pub struct Sockets {
     registration: BoundSocket,
     dra: BoundSocket,
+    health: Option<HealthStream>,
 }
 
 impl Sockets {
@@ -60,11 +62,21 @@ impl Sockets {
         }
         let dra = bind_private(&paths.dra)?;
         let registration = bind_private(&paths.registration)?;
-        Ok(Self { registration, dra })
+        Ok(Self {
+            registration,
+            dra,
+            health: None,
+        })
     }
 
-    /// Serves `registration` and both DRA versions of `dra` until `shutdown` resolves, then
-    /// removes the sockets.
+    /// Also serves the kubelet's health stream on the DRA socket.
+    pub fn with_health(mut self, health: HealthStream) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// Serves `registration` and both DRA versions of `dra` (and the health stream, when given)
+    /// until `shutdown` resolves, then removes the sockets.
     pub async fn serve<B: DraBackend>(
         mut self,
         registration: RegistrationService,
@@ -83,6 +95,11 @@ impl Sockets {
         let dra_server = Server::builder()
             .add_service(dra.v1())
             .add_service(dra.v1beta1())
+            .add_optional_service(
+                self.health
+                    .take()
+                    .map(|h| h.stop_on(stop_rx.clone()).into_server()),
+            )
             .serve_with_incoming_shutdown(
                 crate::grpc_uds::incoming(dra_listener),
                 stopped(stop_rx.clone()),

@@ -6,7 +6,8 @@
 
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -14,8 +15,13 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// Devices per slice allowed by resource.k8s.io/v1 when no device uses taints, counters or list
-/// attributes (none of ours do).
+/// attributes (ours use none but taints).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Devices per slice allowed when a device of the slice has taints.
+pub const MAX_TAINTED_DEVICES_PER_SLICE: usize = 64;
+
+/// Device taints by device name.
+pub type Taints = BTreeMap<String, Vec<DeviceTaint>>;
 /// Annotation carrying a hash of the pool's content, so a reconcile compares its own output
 /// and never fields the apiserver may default.
 pub const CONTENT_ANNOTATION: &str = "gpu.nvidia.com/pool-content";
@@ -174,29 +180,36 @@ pub fn content_hash(devices: &[Device]) -> String {
         .collect()
 }
 
-/// The slices that publish `table` for `node`: devices in name order, at most
-/// [`MAX_DEVICES_PER_SLICE`] per slice, every slice carrying the pool `generation`, the slice
-/// count, the content hash and an owner reference to the Node. A node without devices gets
-/// one empty slice, so the pool still exists.
+/// The slices that publish `table` for `node`, with `taints` on the devices they name: devices
+/// in name order, at most [`MAX_DEVICES_PER_SLICE`] per slice ([`MAX_TAINTED_DEVICES_PER_SLICE`]
+/// while any device is tainted), every slice carrying the pool `generation`, the slice count,
+/// the content hash and an owner reference to the Node. A node without devices gets one empty
+/// slice, so the pool still exists.
 pub fn desired_slices(
     node: &NodeRef,
     driver: &str,
     table: &DeviceTable,
+    taints: &Taints,
     generation: i64,
 ) -> Vec<ResourceSlice> {
     let devices: Vec<Device> = table
         .devices
         .values()
-        .map(|d| slice_device(d, table))
+        .map(|d| Device {
+            taints: taints.get(&d.name).cloned(),
+            ..slice_device(d, table)
+        })
         .collect();
     let hash = content_hash(&devices);
+    let per_slice = if devices.iter().any(|d| d.taints.is_some()) {
+        MAX_TAINTED_DEVICES_PER_SLICE
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
     } else {
-        devices
-            .chunks(MAX_DEVICES_PER_SLICE)
-            .map(<[Device]>::to_vec)
-            .collect()
+        devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
     };
     let count = chunks.len() as i64;
     chunks
@@ -295,7 +308,7 @@ mod tests {
 
     #[test]
     fn big_pools_are_split_and_counted() {
-        let slices = desired_slices(&node(), "gpu.nvidia.com", &table(130), 4);
+        let slices = desired_slices(&node(), "gpu.nvidia.com", &table(130), &Taints::new(), 4);
         assert_eq!(slices.len(), 2);
         assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 128);
         assert_eq!(slices[1].spec.devices.as_ref().unwrap().len(), 2);
@@ -312,18 +325,44 @@ mod tests {
 
     #[test]
     fn up_to_date_needs_same_names_content_and_one_generation() {
-        let desired = desired_slices(&node(), "gpu.nvidia.com", &table(2), 1);
+        let desired = desired_slices(&node(), "gpu.nvidia.com", &table(2), &Taints::new(), 1);
         assert!(up_to_date(&desired, &desired));
         assert!(!up_to_date(&[], &desired));
-        let other = desired_slices(&node(), "gpu.nvidia.com", &table(3), 1);
+        let other = desired_slices(&node(), "gpu.nvidia.com", &table(3), &Taints::new(), 1);
         assert!(!up_to_date(&other, &desired));
         assert_eq!(next_generation(&other, 0), 2);
         assert_eq!(next_generation(&[], 5), 6);
     }
 
     #[test]
+    fn a_tainted_device_carries_its_taint_and_halves_the_slices() {
+        let taint = DeviceTaint {
+            key: "gpu.nvidia.com/ecc".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        let taints = Taints::from([("gpu-3".to_owned(), vec![taint.clone()])]);
+        let table = table(100);
+        let slices = desired_slices(&node(), "gpu.nvidia.com", &table, &taints, 1);
+        assert_eq!(slices.len(), 2, "64 devices per slice while one is tainted");
+        let devices: Vec<_> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.clone().unwrap())
+            .filter(|d| d.taints.is_some())
+            .collect();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].taints.as_deref(), Some(&[taint][..]));
+        let untainted = desired_slices(&node(), "gpu.nvidia.com", &table, &Taints::new(), 1);
+        assert_eq!(untainted.len(), 1);
+        assert!(
+            !up_to_date(&untainted, &slices),
+            "a taint changes the content"
+        );
+    }
+
+    #[test]
     fn a_node_without_devices_still_has_its_pool() {
-        let slices = desired_slices(&node(), "gpu.nvidia.com", &table(0), 1);
+        let slices = desired_slices(&node(), "gpu.nvidia.com", &table(0), &Taints::new(), 1);
         assert_eq!(slices.len(), 1);
         assert_eq!(slices[0].spec.devices.as_deref(), Some(&[][..]));
     }

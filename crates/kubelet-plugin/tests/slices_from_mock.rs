@@ -4,7 +4,7 @@
 use gpu_discovery::testing::{FakeNode, mock_config};
 use gpu_discovery::{InitMode, NvmlSession, root};
 use kubelet_plugin::devices::DeviceTable;
-use kubelet_plugin::slices::{NodeRef, desired_slices};
+use kubelet_plugin::slices::{NodeRef, Taints, desired_slices};
 
 fn table(profile: &str, gpus: u32) -> DeviceTable {
     let node = FakeNode::new();
@@ -17,7 +17,7 @@ fn table(profile: &str, gpus: u32) -> DeviceTable {
 /// The resource.k8s.io/v1 limits a device must meet: at most 32 attributes and capacities,
 /// string and version values at most 64 characters, names DNS labels.
 fn assert_within_api_limits(table: &DeviceTable) {
-    for slice in desired_slices(&node(), "gpu.nvidia.com", table, 1) {
+    for slice in desired_slices(&node(), "gpu.nvidia.com", table, &Taints::new(), 1) {
         for device in slice.spec.devices.unwrap_or_default() {
             let attributes = device.attributes.unwrap_or_default();
             let capacities = device.capacity.unwrap_or_default();
@@ -64,7 +64,13 @@ fn eight_a100s() {
         names,
         (0..8).map(|m| format!("gpu-{m}")).collect::<Vec<_>>()
     );
-    insta::assert_yaml_snapshot!(desired_slices(&node(), "gpu.nvidia.com", &table, 1));
+    insta::assert_yaml_snapshot!(desired_slices(
+        &node(),
+        "gpu.nvidia.com",
+        &table,
+        &Taints::new(),
+        1
+    ));
 }
 
 #[test]
@@ -82,7 +88,13 @@ fn a100_mig_mixed_layout() {
             "gpu-1-mig-3g20gb-9-0",
         ]
     );
-    insta::assert_yaml_snapshot!(desired_slices(&node(), "gpu.nvidia.com", &table, 1));
+    insta::assert_yaml_snapshot!(desired_slices(
+        &node(),
+        "gpu.nvidia.com",
+        &table,
+        &Taints::new(),
+        1
+    ));
 }
 
 #[test]
@@ -91,6 +103,7 @@ fn one_l4() {
         &node(),
         "gpu.nvidia.com",
         &table("l4", 1),
+        &Taints::new(),
         1
     ));
 }
@@ -125,7 +138,7 @@ fn a_lost_gpu_is_left_out_and_the_others_are_published() {
             && note.contains("restart this node's gpu-kubelet-plugin pod"),
         "{note}"
     );
-    let devices: usize = desired_slices(&node(), "gpu.nvidia.com", &table, 1)
+    let devices: usize = desired_slices(&node(), "gpu.nvidia.com", &table, &Taints::new(), 1)
         .iter()
         .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
         .sum();

@@ -13,6 +13,8 @@ use kubelet_plugin::types::{
 };
 use std::sync::Arc;
 
+mod support;
+
 /// Prepares every claim whose name starts with `ok` with one device, fails the others.
 struct Echo;
 
@@ -216,6 +218,90 @@ async fn liveness_check_follows_the_sockets() {
     }
     let unknown = client.check(check("readiness")).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
+/// The kubelet's health stream: advertised at registration, served on the DRA socket, a full
+/// list at once, then a message on every change.
+#[tokio::test]
+async fn the_health_stream_reports_every_device_and_each_change() {
+    use kubelet_plugin::device_health::{GpuFault, HealthStream, HealthView};
+    use kubelet_plugin::proto::health_v1alpha1::{
+        HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+        dra_resource_health_client::DraResourceHealthClient,
+    };
+
+    let table = Arc::new(support::eight_a100s());
+    let lost = table.devices["gpu-1"].gpu.gpu_uuid.clone();
+    let (view_tx, view) = tokio::sync::watch::channel(HealthView::default());
+
+    let dir = tempfile::tempdir().unwrap();
+    let paths = SocketPaths::new(
+        &dir.path().join("plugins_registry"),
+        &dir.path().join("plugins"),
+    );
+    let sockets = Sockets::bind(&paths)
+        .unwrap()
+        .with_health(HealthStream::new(table, "node-a", view));
+    let registration = RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy())
+        .with_resource_health();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server =
+        tokio::spawn(
+            sockets.serve(registration, DraService::new(Arc::new(Echo)), async move {
+                let _ = stopped.await;
+            }),
+        );
+
+    let mut reg = RegistrationClient::new(connect_unix(&paths.registration).await.unwrap());
+    let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        info.supported_versions,
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
+    );
+
+    let mut client = DraResourceHealthClient::new(connect_unix(&paths.dra).await.unwrap());
+    let mut stream = client
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Every device's health, as `pool/device health`, for the devices not healthy.
+    let not_healthy = |m: NodeWatchResourcesResponse| {
+        assert_eq!(m.devices.len(), 8, "every device, every time");
+        m.devices
+            .iter()
+            .filter(|d| d.health() != HealthStatus::Healthy)
+            .map(|d| {
+                let id = d.device.as_ref().unwrap();
+                format!("{}/{} {:?}", id.pool_name, id.device_name, d.health())
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(not_healthy(first), Vec::<String>::new());
+
+    view_tx.send_modify(|v| {
+        v.faults.insert(
+            lost,
+            GpuFault {
+                fault: gpu_discovery::health::Fault::Xid(Some(79)),
+                since: jiff::Timestamp::now(),
+            },
+        );
+    });
+    let changed = tokio::time::timeout(std::time::Duration::from_secs(5), stream.message())
+        .await
+        .expect("a change is sent at once, not at the next repeat")
+        .unwrap()
+        .unwrap();
+    assert_eq!(not_healthy(changed), ["node-a/gpu-1 Unhealthy"]);
+
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }

@@ -69,3 +69,11 @@ pub fn mig_instance(mig: &Device<'_>) -> Result<MigInstance, NvmlError> {
         placement_size: info.placement.size,
     })
 }
+
+/// Whether `a` and `b` are the same NVML device handle. An event names its device by handle, and
+/// a GPU that has fallen off the bus answers no query (its UUID included): comparing handles
+/// with the ones registered tells which GPU the event is about.
+pub fn same_handle(a: &Device<'_>, b: &Device<'_>) -> bool {
+    // SAFETY: the handles are only compared, never dereferenced or passed to NVML.
+    unsafe { a.handle() == b.handle() }
+}

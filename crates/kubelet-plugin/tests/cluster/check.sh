@@ -32,8 +32,8 @@ cleanup() {
   for node in "${!PIDS[@]}"; do kill "${PIDS[$node]}" 2>/dev/null; done
   wait 2>/dev/null
   if [[ -n "${SHARED_CLUSTER:-}" ]]; then
-    kubectl delete pod gpu-pod gpu-pod-2 --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1
-    kubectl delete resourceclaimtemplate one-gpu --ignore-not-found >/dev/null 2>&1
+    kubectl delete pod gpu-pod gpu-pod-2 pinned-pod --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1
+    kubectl delete resourceclaimtemplate one-gpu pinned-gpu --ignore-not-found >/dev/null 2>&1
     kubectl delete deviceclass gpu.nvidia.com --ignore-not-found >/dev/null 2>&1
     kubectl delete resourceslices --field-selector spec.driver=gpu.nvidia.com >/dev/null 2>&1
     local nodes
@@ -61,13 +61,14 @@ start_plugin() { # node
   NODE_NAME="$1" CDI_ROOT="$WORK/$1/cdi" \
     KUBELET_REGISTRAR_DIRECTORY_PATH="$k/plugins_registry" KUBELET_PLUGINS_DIRECTORY_PATH="$k/plugins" \
     DRIVER_READY_FILE="$WORK/$1/driver-ready" BOOT_ID_FILE="$WORK/$1/boot_id" RUST_LOG=info LOG_FORMAT=json \
+    HEALTH_PROBE_INTERVAL=1 HEALTH_RECOVERY_PERIOD=3 \
     "$TARGET/debug/gpu-kubelet-plugin" >>"$WORK/$1/plugin.log" 2>&1 &
   PIDS[$1]=$!
 }
 devices() { kubectl get resourceslices --field-selector "spec.nodeName=$1" \
   -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{end}'; }
 has_devices() { [[ "$(devices "$1")" == "$2" ]]; }
-gpu_pod() { # name: a pod on gpu-node-0 with a claim from template one-gpu
+gpu_pod() { # name [template]: a pod on gpu-node-0 with a claim from that template (one-gpu)
   kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
@@ -77,7 +78,7 @@ spec:
   containers:
   - {name: main, image: busybox, resources: {claims: [{name: gpu}]}}
   resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: one-gpu}
+  - {name: gpu, resourceClaimTemplateName: ${2:-one-gpu}}
 YAML
 }
 
@@ -140,14 +141,68 @@ check "... the claim in use is restored from the API" \
 registrations() { (($(grep -c "registered with the kubelet" "$WORK/gpu-node-0/plugin.log") >= 4)); }
 check "... and the plugin registers and serves again" wait_for 20 registrations
 
+# Device health: XID 79 on the GPU the second pod uses (after which NVML reports it lost, as a GPU
+# fallen off the bus) taints it NoExecute; the pod is evicted by the control plane's device-taint
+# eviction, a claim pinned to that GPU is not allocated; once NVML reads the GPU fine for the
+# recovery period (3 s here) the taint goes and the claim is allocated.
+control="$WORK/gpu-node-0/host/usr/lib/x86_64-linux-gnu/mock-nvml.json"
+mock_faults() { # faults JSON for gpu-node-0's mock NVML, read while it is open
+  printf '{"profile": "a100-sxm4-40gb", "gpu_count": 8, "faults": %s}\n' "$1" >"$control.tmp"
+  mv "$control.tmp" "$control"
+}
+claim2="$(kubectl get pod gpu-pod-2 -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')"
+dev="$(kubectl get resourceclaim "$claim2" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+uuid="$(kubectl get resourceslices --field-selector spec.nodeName=gpu-node-0 \
+  -o jsonpath="{.items[0].spec.devices[?(@.name==\"$dev\")].attributes.uuid.string}")"
+taint_of() { kubectl get resourceslices --field-selector spec.nodeName=gpu-node-0 \
+  -o jsonpath="{range .items[*].spec.devices[?(@.name==\"$dev\")]}{.taints[*].key}={.taints[*].value}:{.taints[*].effect}{end}"; }
+tainted() { [[ "$(taint_of)" == "gpu.nvidia.com/gpu-lost=xid-79:NoExecute" ]]; }
+untainted() { [[ -n "$dev" && "$(taint_of)" == "=:" ]]; }
+check "the second pod's GPU ($dev, $uuid) is published untainted" untainted
+start_ms=$(date +%s%3N)
+mock_faults "{\"xid_events\": [{\"gpu\": ${dev#gpu-}, \"xid\": 79}]}"
+wait_ms() { local n="$1"; shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.05; done; return 1; }
+if wait_ms 200 tainted; then
+  pass "XID 79 on $dev taints it gpu.nvidia.com/gpu-lost=xid-79:NoExecute ($(($(date +%s%3N) - start_ms)) ms)"
+else
+  fail "XID 79 on $dev taints it gpu.nvidia.com/gpu-lost=xid-79:NoExecute within 10 s (has '$(taint_of)')"
+fi
+mock_faults "{\"lost_gpus\": [${dev#gpu-}]}" # and it stays off the bus
+unhealthy_event() { kubectl get events -A --field-selector reason=GPUUnhealthy,involvedObject.name=gpu-node-0 -o jsonpath='{.items[*].message}' | grep -q "GPU $uuid is unhealthy (XID 79)"; }
+check "... the Node gets a GPUUnhealthy Warning Event naming the GPU and the taint" wait_for 20 unhealthy_event
+pod2_gone() { [[ -z "$(kubectl get pod gpu-pod-2 --ignore-not-found -o name)" ]]; }
+check "... the pod using it is evicted by the control plane (NoExecute)" wait_for 60 pod2_gone
+check "... and its claim unprepared" wait_for 60 spec_gone
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: pinned-gpu, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].uuid == '$uuid'"}}]
+YAML
+gpu_pod pinned-pod pinned-gpu
+pinned_prepared() { [[ "$(kubectl get pod pinned-pod -o jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/prepared}')" == true ]]; }
+unschedulable() { [[ "$(kubectl get pod pinned-pod -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].status}')" == False ]]; }
+check "a claim pinned to the tainted GPU is not allocated: its pod is unschedulable" wait_for 30 unschedulable
+check "... while the GPU stays lost, the taint stays" tainted
+mock_faults '{}'
+check "once NVML reads the GPU fine for the recovery period the taint goes" wait_for 30 untainted
+recovered_event() { kubectl get events -A --field-selector reason=GPURecovered,involvedObject.name=gpu-node-0 -o jsonpath='{.items[*].message}' | grep -q "GPU $uuid is healthy again"; }
+check "... with a GPURecovered Event on the Node" wait_for 20 recovered_event
+check "... and the pinned claim is allocated and prepared" wait_for 60 pinned_prepared
+kubectl delete pod pinned-pod --wait=false >/dev/null
+check "deleting the pinned pod unprepares its claim" wait_for 60 spec_gone
+
 # A GPU lost at start (NVML_ERROR_GPU_IS_LOST, as after an XID 79) is left out; the node's other
 # GPUs are still published and the Node gets a Warning Event that says what to do.
-kubectl delete pod gpu-pod-2 --wait=false >/dev/null
-check "deleting the second pod unprepares its claim" wait_for 60 spec_gone
 kill "${PIDS[gpu-node-0]}"; wait "${PIDS[gpu-node-0]}" 2>/dev/null
-control="$WORK/gpu-node-0/host/usr/lib/x86_64-linux-gnu/mock-nvml.json"
-printf '{"profile": "a100-sxm4-40gb", "gpu_count": 8, "faults": {"lost_gpus": [3]}}\n' >"$control.tmp"
-mv "$control.tmp" "$control"
+mock_faults '{"lost_gpus": [3]}'
 start_plugin gpu-node-0
 check "with GPU 3 lost at start, the plugin publishes the other seven" \
   wait_for 30 has_devices gpu-node-0 "gpu-0 gpu-1 gpu-2 gpu-4 gpu-5 gpu-6 gpu-7 "

@@ -2,56 +2,63 @@
 //! every GPU each interval for what events do not report (a GPU fallen off the bus, a query that
 //! fails).
 
-use gpu_discovery::{DeviceEvent, InitMode, NvmlSession};
+use crate::{DeviceEvent, InitMode, NvmlSession, UnreadableGpu};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 
 /// What the monitor saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Observation {
     /// A device event.
     Event(DeviceEvent),
-    /// A probe: the UUIDs of the GPUs read fine, and the NVML index and error of those that were
-    /// not.
+    /// A probe: the UUIDs of the GPUs read fine, and those that were not.
     Probe {
         /// UUIDs read.
         readable: Vec<String>,
-        /// `(index, error)` of the GPUs that could not be read.
-        unreadable: Vec<(u32, String)>,
+        /// The GPUs that could not be read.
+        unreadable: Vec<UnreadableGpu>,
     },
     /// NVML itself failed (not one GPU): nothing is known about the devices.
     NvmlFailed(String),
 }
 
-/// Starts the monitor on NVML loaded from `library`; it runs until `tx` is closed.
+/// Where observations go: returns `false` once nobody listens, which stops the monitor.
+pub trait Sink: FnMut(Observation) -> bool + Send + 'static {}
+impl<F: FnMut(Observation) -> bool + Send + 'static> Sink for F {}
+
+/// Starts the monitor on NVML loaded from `library`; it runs until `sink` returns `false`.
 pub fn spawn(
     library: PathBuf,
     interval: Duration,
-    tx: mpsc::UnboundedSender<Observation>,
+    mut sink: impl Sink,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("nvml-monitor".into())
-        .spawn(move || run(&library, interval, &tx))
+        .spawn(move || run(&library, interval, &mut sink))
         .expect("spawning the NVML monitor thread")
 }
 
-fn run(library: &std::path::Path, interval: Duration, tx: &mpsc::UnboundedSender<Observation>) {
-    while !tx.is_closed() {
+fn run(library: &std::path::Path, interval: Duration, sink: &mut impl Sink) {
+    loop {
         let session = match NvmlSession::open(library, InitMode::Full) {
             Ok(s) => s,
             Err(e) => {
-                let _ = tx.send(Observation::NvmlFailed(e.to_string()));
+                if !sink(Observation::NvmlFailed(e.to_string())) {
+                    return;
+                }
                 std::thread::sleep(interval);
                 continue;
             }
         };
-        watch(&session, interval, tx);
+        if !watch(&session, interval, sink) {
+            return;
+        }
     }
 }
 
-/// Watches one session until NVML fails or `tx` closes.
-fn watch(session: &NvmlSession, interval: Duration, tx: &mpsc::UnboundedSender<Observation>) {
+/// Watches one session until NVML fails (returns `true`: open it again) or the sink stops
+/// listening (`false`).
+fn watch(session: &NvmlSession, interval: Duration, sink: &mut impl Sink) -> bool {
     let events = session
         .watch_events()
         .inspect_err(|e| tracing::warn!(error = %e, "NVML events unavailable; probing only"))
@@ -72,8 +79,8 @@ fn watch(session: &NvmlSession, interval: Duration, tx: &mpsc::UnboundedSender<O
             };
             match events.next(left) {
                 Ok(Some(event)) => {
-                    if tx.send(Observation::Event(event)).is_err() {
-                        return;
+                    if !sink(Observation::Event(event)) {
+                        return false;
                     }
                 }
                 Ok(None) => break,
@@ -87,17 +94,16 @@ fn watch(session: &NvmlSession, interval: Duration, tx: &mpsc::UnboundedSender<O
         let observation = match session.inventory() {
             Ok(inventory) => Observation::Probe {
                 readable: inventory.gpus.into_iter().map(|g| g.uuid).collect(),
-                unreadable: inventory
-                    .unreadable
-                    .into_iter()
-                    .map(|u| (u.index, u.error))
-                    .collect(),
+                unreadable: inventory.unreadable,
             },
             Err(e) => Observation::NvmlFailed(e.to_string()),
         };
         let failed = matches!(observation, Observation::NvmlFailed(_));
-        if tx.send(observation).is_err() || failed {
-            return;
+        if !sink(observation) {
+            return false;
+        }
+        if failed {
+            return true;
         }
     }
 }
