@@ -13,7 +13,7 @@ CARGO ?= cargo
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare demo help
+.PHONY: build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -53,6 +53,9 @@ bench-requests: hack-tools ## API requests of the slice publisher and the operat
 
 bench-prepare: hack-tools ## Prepare/unprepare as the kubelet times them, one at a time and in bursts (UPSTREAM_PLUGIN for a side-by-side run; not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-prepare.sh
+
+bench-health: hack-tools ## NVML fault to device taint latency, and API writes of a healthy node over 5 idle minutes (not part of make test)
+	CACHE_DIR=$(CACHE_DIR) hack/bench-health.sh
 
 demo: ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
 	CACHE_DIR=$(CACHE_DIR) hack/demo.sh

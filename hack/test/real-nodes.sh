@@ -593,21 +593,64 @@ k -n default delete pod mig-workload mig-crash --wait=false >/dev/null
 no_mig_specs() { ! compgen -G "$CLUSTER_DIR/nodes/$MIG_NODE/run/cdi/k8s.gpu.nvidia.com-claim_*" >/dev/null; }
 wait_until 90 no_mig_specs || fail "MIG claims' CDI specs left after their pods were deleted"
 
+# Faults for both plugins' NVML on real-gpu-1 come from a control file of the mock in the node's own
+# folder, named to the plugins through the GPUCluster (as an admin sets env), with a short recovery
+# period. The DRA plugin's pods are replaced for the new env.
+faults="$CLUSTER_DIR/nodes/real-gpu-1/var/lib/kubelet/mock-nvml-faults.json"
+mock_faults() { # FAULTS (JSON object)
+  printf '{"profile": "l4", "gpu_count": 2, "visible_dev_dir": "/dev", "faults": %s}\n' "$1" >"$faults.tmp"
+  mv "$faults.tmp" "$faults"
+}
+mock_faults '{}'
+fault_env='[{"name": "MOCK_NVML_CONFIG", "value": "/host/var/lib/kubelet/mock-nvml-faults.json"},
+  {"name": "HEALTH_RECOVERY_PERIOD", "value": "5"}, {"name": "HEALTH_PROBE_INTERVAL", "value": "1"}]'
+old_plugin="$(plugin_on real-gpu-1 | cut -d' ' -f1)"
+k patch gpucluster gpu-cluster --type merge -p "{\"spec\": {\"devicePlugin\": {\"env\": $fault_env},
+  \"draDriver\": {\"gpus\": {\"kubeletPlugin\": {\"env\": $fault_env}}}}}" >/dev/null
+replaced() { local p; p="$(plugin_on real-gpu-1)"; [[ -n "$p" && "$p" != "$old_plugin "* && "$p" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
+wait_until 120 replaced || fail "the DRA plugin on real-gpu-1 was not replaced for its new env: $(plugin_on real-gpu-1 | tr '\n' ' ')"
+
+# Device health through the real kubelet: a double-bit ECC error on the GPU of a running pod taints
+# that device NoSchedule (the pod keeps running) and the plugin's health stream makes the kubelet
+# show the device unhealthy in the pod's status; after the recovery period both are healthy again.
+gpu_pod sick real-gpu-1 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
+if wait_until 120 running sick; then
+  claim="$(k -n default get pod sick -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')"
+  device="$(k -n default get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+  # pod_health: the health the kubelet shows for the pod's one DRA device (allocatedResourcesStatus;
+  # the resource is named by the device's CDI id).
+  pod_health() { k -n default get pod sick -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus[*].resources[*].health}'; }
+  device_taint() { k get resourceslices --field-selector spec.nodeName=real-gpu-1,spec.driver=gpu.nvidia.com \
+    -o jsonpath="{.items[*].spec.devices[?(@.name==\"$device\")].taints[*]['key','effect']}"; }
+  shows() { [[ "$(pod_health)" == "$1" ]]; }
+  if wait_until 60 shows Healthy; then
+    pass "the kubelet shows sick's device $device Healthy in the pod's status, from the plugin's health stream"
+  else
+    fail "allocatedResourcesStatus of sick: '$(k -n default get pod sick -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')'"
+  fi
+  mock_faults "{\"ecc_events\": [{\"gpu\": ${device#gpu-}, \"kind\": \"double-bit\"}]}"
+  tainted() { [[ "$(device_taint)" == "gpu.nvidia.com/ecc NoSchedule" ]]; }
+  if wait_until 30 tainted && wait_until 30 shows Unhealthy && [[ "$(pod_phase sick)" == Running ]]; then
+    pass "a double-bit ECC error on $device: tainted gpu.nvidia.com/ecc:NoSchedule, the kubelet shows it Unhealthy in the pod's status, the pod keeps running"
+  else
+    fail "after a double-bit ECC error on $device: taint '$(device_taint)', pod health '$(pod_health)', phase $(pod_phase sick)"
+  fi
+  mock_faults '{}'
+  untainted() { [[ -z "$(device_taint)" ]]; }
+  if wait_until 60 untainted && wait_until 60 shows Healthy; then
+    pass "after the recovery period the taint is gone and the kubelet shows $device Healthy again"
+  else
+    fail "after recovery: taint '$(device_taint)', pod health '$(pod_health)'"
+  fi
+  k -n default delete pod sick --wait=false >/dev/null
+else
+  fail "sick on real-gpu-1: $(pod_phase sick); $(k -n default describe pod sick | tail -4 | tr '\n' ' ')"
+fi
+
 # Switching a node with a running GPU pod to device-plugin: the validator and exporter leave at once,
 # the DRA plugin stays until the pod is gone, then leaves too; switched back, it returns.
 label_of() { k get node "$1" -o jsonpath="{.metadata.labels.nvidia\.com/gpu\.deploy\.$2}"; }
 gpu_pod switch real-gpu-1 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
-# Faults for the device plugin's NVML come from a control file of the mock in the node's own folder,
-# named to the plugin through the GPUCluster (as an admin sets env), with a short recovery period.
-faults="$CLUSTER_DIR/nodes/real-gpu-1/var/lib/kubelet/mock-nvml-faults.json"
-mock_faults() { # LOST_GPUS (JSON list)
-  printf '{"profile": "l4", "gpu_count": 2, "visible_dev_dir": "/dev", "faults": {"lost_gpus": %s}}\n' "$1" >"$faults.tmp"
-  mv "$faults.tmp" "$faults"
-}
-mock_faults '[]'
-k patch gpucluster gpu-cluster --type merge -p '{"spec": {"devicePlugin": {"env": [
-  {"name": "MOCK_NVML_CONFIG", "value": "/host/var/lib/kubelet/mock-nvml-faults.json"},
-  {"name": "HEALTH_RECOVERY_PERIOD", "value": "5"}]}}}' >/dev/null
 if wait_until 120 running switch; then
   k label node real-gpu-1 nvidia.com/gpu-operator.resource-allocation.mode=device-plugin --overwrite >/dev/null
   deferred() { [[ -z "$(label_of real-gpu-1 dra-validator)" && "$(label_of real-gpu-1 dra-driver)" == true && -z "$(label_of real-gpu-1 device-plugin)" && "$(stack_of real-gpu-1)" == "  true" ]]; }
@@ -679,12 +722,12 @@ if wait_until 120 running switch; then
   # A GPU lost (the mock's fault injection): one ListAndWatch update takes it out of the kubelet's
   # allocatable; after the recovery period with the GPU readable again, it returns.
   t0=$SECONDS
-  mock_faults '[1]'
+  mock_faults '{"lost_gpus": [1]}'
   one_left() { [[ "$(allocatable real-gpu-1)" == 1 ]]; }
   if wait_until 60 one_left; then
     lost_after=$((SECONDS - t0))
     t0=$SECONDS
-    mock_faults '[]'
+    mock_faults '{}'
     both_back() { [[ "$(allocatable real-gpu-1)" == 2 ]]; }
     if wait_until 60 both_back; then
       pass "a GPU lost on real-gpu-1 left the kubelet's allocatable nvidia.com/gpu in ${lost_after}s (2 -> 1) and returned $((SECONDS - t0))s after it recovered (5 s recovery period)"
