@@ -6,10 +6,11 @@ use crate::checkpoint::{self, CheckpointStore, LoadOutcome};
 use crate::config::Config;
 use crate::device_health::{self, GpuFault, HealthStream, HealthView};
 use crate::devices::DeviceTable;
-use crate::driver::{Driver, KubeClaims, StartReport};
+use crate::driver::{Driver, StartReport};
 use crate::grpc::DraService;
 use crate::health::HealthService;
 use crate::metrics::Metrics;
+use crate::prefetch::PrefetchedClaims;
 use crate::publish::Publisher;
 use crate::registration::{RegistrationService, RegistrationState};
 use crate::server::{SocketPaths, Sockets};
@@ -246,7 +247,7 @@ async fn report_start(events: &NodeEvents, report: &StartReport) {
 
 /// After a lost checkpoint, prepares again every claim the API shows in use on this node, so
 /// the exclusive-use check and unprepare know about them. Failures are logged, never fatal.
-async fn rebuild(client: &kube::Client, driver: &Driver<KubeClaims>, node: &str) {
+async fn rebuild(client: &kube::Client, driver: &Driver<PrefetchedClaims>, node: &str) {
     use crate::types::DraBackend;
     let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
         kube::Api::all(client.clone());
@@ -344,10 +345,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .await;
     }
     let table = Arc::new(table);
+    // Claims are read ahead from a watch of the pods bound to this node (crate::prefetch).
+    let claims = PrefetchedClaims::new(client.clone());
+    tokio::spawn(claims.clone().watch(config.node_name.clone()));
     let (driver, report) = Driver::start(
         DRIVER_NAME,
         &config.node_name,
-        KubeClaims(client.clone()),
+        claims,
         (*table).clone(),
         CdiWriter::new(&config.cdi_root, &roots).with_procfs_root(&config.procfs_root),
         store,

@@ -5,7 +5,8 @@
 //! a device table), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
 //! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory),
 //! [`device_health`] (taints and the kubelet's health stream from the GPUs' health).
-//! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`ledger`] (the claim table and
+//! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`prefetch`] (claims read ahead
+//! from a watch of the node's pods), [`ledger`] (the claim table and
 //! its group-committed checkpoint), [`publish`] (slice reconciliation),
 //! [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
 //! liveness), [`metrics`], and [`app`], which wires them for the binary from [`config`].
@@ -26,6 +27,7 @@ pub mod health;
 pub mod ledger;
 pub mod metrics;
 pub mod opaque;
+pub mod prefetch;
 pub mod proto;
 pub mod publish;
 pub mod registration;
