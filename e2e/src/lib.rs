@@ -288,6 +288,11 @@ pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
     apply_crd(client, &api::gpucluster::crd()).await
 }
 
+/// Installs (server-side applies) the `GPUClass` CRD and waits until it is established.
+pub async fn install_gpu_class_crd(client: &kube::Client) -> anyhow::Result<()> {
+    apply_crd(client, &api::gpuclass::crd()).await
+}
+
 /// Server-side applies the `gpu-cluster` GPUCluster with `spec` (field manager `e2e`).
 pub async fn set_spec(gcs: &Api<api::GPUCluster>, spec: serde_json::Value) -> anyhow::Result<()> {
     let object = serde_json::json!({

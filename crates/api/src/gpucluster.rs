@@ -788,7 +788,11 @@ pub fn crd() -> CustomResourceDefinition {
 
 /// The `GPUCluster` CustomResourceDefinition as YAML, exactly as committed in the chart's `crds/`.
 pub fn crd_yaml() -> String {
-    let crd = crd();
-    let body = serde_yaml::to_string(&crd).expect("a CRD always serializes to YAML");
+    generated_yaml(&crd())
+}
+
+/// A CRD as the YAML committed in the chart's `crds/`, headed by where it comes from.
+pub(crate) fn generated_yaml(crd: &CustomResourceDefinition) -> String {
+    let body = serde_yaml::to_string(crd).expect("a CRD always serializes to YAML");
     format!("# Generated from crates/api by `make generate`; do not edit by hand.\n{body}")
 }

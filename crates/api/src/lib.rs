@@ -6,11 +6,13 @@
 
 pub mod contract;
 pub mod coverage;
+pub mod gpuclass;
 pub mod gpucluster;
 pub mod handover;
 pub mod image;
 pub mod mode;
 
+pub use gpuclass::{GPUClass, GPUClassSpec, GPUClassStatus};
 pub use gpucluster::{GPUCluster, GPUClusterSpec, GPUClusterStatus};
 pub use image::{ImageError, ImageSpec};
 pub use mode::{AllocationMode, ParseAllocationModeError};

@@ -216,3 +216,52 @@ fn schema_accepts_a_full_spec_and_rejects_unknown_enum_values() {
         "status.state 'disabled' accepted"
     );
 }
+
+const COMMITTED_GPU_CLASS: &str =
+    include_str!("../../../charts/gpu-operator/crds/gpu-operator-rs.dev_gpuclasses.yaml");
+
+#[test]
+fn committed_gpuclass_crd_matches_crdgen() {
+    assert!(
+        COMMITTED_GPU_CLASS == api::gpuclass::crd_yaml(),
+        "charts/gpu-operator/crds/gpu-operator-rs.dev_gpuclasses.yaml is stale: run `make generate`"
+    );
+}
+
+#[test]
+fn gpuclass_is_cluster_scoped_in_the_products_group_and_shows_its_resources() {
+    let crd: Value = serde_yaml::from_str(COMMITTED_GPU_CLASS).unwrap();
+    let spec = &crd["spec"];
+    assert_eq!(crd["metadata"]["name"], "gpuclasses.gpu-operator-rs.dev");
+    assert_eq!(spec["scope"], "Cluster");
+    let version = &spec["versions"][0];
+    assert_eq!(version["subresources"]["status"], json!({}));
+    let columns: Vec<(&str, &str)> = version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["jsonPath"].as_str().unwrap()))
+        .collect();
+    assert!(
+        columns.contains(&("RESOURCES", ".status.extendedResourceNames")),
+        "{columns:?}"
+    );
+    assert!(
+        columns.contains(&("DEVICES", ".status.devices")),
+        "{columns:?}"
+    );
+    let schema = &version["schema"]["openAPIV3Schema"];
+    let mut missing = Vec::new();
+    for top in ["spec", "status"] {
+        undocumented(&schema["properties"][top], top, &mut missing);
+    }
+    assert!(
+        missing.is_empty(),
+        "fields without a description: {missing:#?}"
+    );
+    assert_eq!(
+        schema["properties"]["spec"]["properties"]["variants"]["default"],
+        json!({"whole": {}}),
+        "a class without variants offers whole cards"
+    );
+}

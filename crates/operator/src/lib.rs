@@ -1,6 +1,7 @@
 //! The GPU operator: reconciles the `GPUCluster` singleton into the DRA stack's operands and
-//! reports in its status whether they work.
+//! reports in its status whether they work; derives DeviceClasses from `GPUClass`es.
 
+pub mod classes;
 pub mod cleanup;
 pub mod controller;
 pub mod coverage;

@@ -1,5 +1,16 @@
-//! Prints the `GPUCluster` CustomResourceDefinition as YAML (`make generate` writes it to the chart).
+//! Prints a CustomResourceDefinition as YAML (`make generate` writes each to the chart):
+//! `crdgen` or `crdgen gpuclusters` the `GPUCluster`, `crdgen gpuclasses` the `GPUClass`.
 
-fn main() {
-    print!("{}", api::gpucluster::crd_yaml());
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match std::env::args().nth(1).as_deref() {
+        None | Some("gpuclusters") => print!("{}", api::gpucluster::crd_yaml()),
+        Some("gpuclasses") => print!("{}", api::gpuclass::crd_yaml()),
+        Some(other) => {
+            eprintln!("crdgen: no CRD named {other}; try gpuclusters or gpuclasses");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -45,10 +45,23 @@ const FEATURES_RETRY: Duration = Duration::from_secs(60);
 /// How long the discovery answer (is the DRA API, are ServiceMonitors served) is trusted.
 const SERVED_FRESH: Duration = Duration::from_secs(60);
 
-impl super::Context {
+/// The apiserver's DRA features as last probed, shared by the controllers.
+pub(crate) struct FeatureCache {
+    client: kube::Client,
+    probed: tokio::sync::Mutex<Option<(Instant, Support)>>,
+}
+
+impl FeatureCache {
+    pub(crate) fn new(client: kube::Client) -> Self {
+        FeatureCache {
+            client,
+            probed: tokio::sync::Mutex::new(None),
+        }
+    }
+
     /// What the apiserver serves of each DRA feature, probed again once the last answer is stale.
-    pub(super) async fn features(&self) -> Support {
-        let mut cached = self.features.lock().await;
+    pub(crate) async fn get(&self) -> Support {
+        let mut cached = self.probed.lock().await;
         if let Some((at, support)) = cached.as_ref() {
             let all_known = support.0.values().all(|p| !matches!(p, Probe::Unknown(_)));
             let fresh = if all_known {
@@ -64,7 +77,9 @@ impl super::Context {
         *cached = Some((Instant::now(), support.clone()));
         support
     }
+}
 
+impl super::Context {
     /// Which optional APIs are served, asked again once the last answer is a minute old.
     pub(super) async fn served(&self) -> Served {
         let mut cached = self.served.lock().await;

@@ -19,14 +19,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 
-use crate::features::{Feature, Probe, Support};
+use crate::features::{Feature, Probe};
 use crate::pod_creation;
 use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
 use crate::status::{self, Observed, Problem};
 
 mod apply;
 mod cache;
-mod discovery;
+pub(crate) mod discovery;
 mod drain;
 mod error;
 mod metrics;
@@ -38,6 +38,7 @@ mod tests;
 pub use metrics::Metrics;
 
 use apply::{apply, ensure_admin_access_label, owner_reference, prune};
+use discovery::FeatureCache;
 use drain::drain;
 pub use error::Error;
 use error::api_err;
@@ -64,8 +65,8 @@ struct Context {
     metrics: Metrics,
     /// Which optional APIs are served, and when that was asked.
     served: tokio::sync::Mutex<Option<(std::time::Instant, discovery::Served)>>,
-    /// What the apiserver serves of each DRA feature, and when that was probed.
-    features: tokio::sync::Mutex<Option<(std::time::Instant, Support)>>,
+    /// What the apiserver serves of each DRA feature.
+    features: Arc<FeatureCache>,
     /// The live operands, as the watches keep them.
     operands: cache::Operands,
     /// Whether a `ClusterPolicy` exists (known before the first reconcile).
@@ -73,26 +74,37 @@ struct Context {
 }
 
 impl Context {
-    async fn event(&self, gc: &GPUCluster, type_: EventType, reason: &str, mut note: String) {
-        // The API rejects notes over 1 KiB; keep the start, which names the object.
-        if note.len() > 1000 {
-            let cut = (0..=1000)
-                .rev()
-                .find(|i| note.is_char_boundary(*i))
-                .unwrap_or(0);
-            note.truncate(cut);
-            note.push_str(" ...");
-        }
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &gc.object_ref(&())).await {
-            tracing::warn!(error = %e, "publishing an event failed");
-        }
+    async fn event(&self, gc: &GPUCluster, type_: EventType, reason: &str, note: String) {
+        publish_event(&self.recorder, &gc.object_ref(&()), type_, reason, note).await;
+    }
+}
+
+/// Publishes an Event about `regarding`; a failure is logged, never fatal.
+pub(crate) async fn publish_event(
+    recorder: &Recorder,
+    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    mut note: String,
+) {
+    // The API rejects notes over 1 KiB; keep the start, which names the object.
+    if note.len() > 1000 {
+        let cut = (0..=1000)
+            .rev()
+            .find(|i| note.is_char_boundary(*i))
+            .unwrap_or(0);
+        note.truncate(cut);
+        note.push_str(" ...");
+    }
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, regarding).await {
+        tracing::warn!(error = %e, "publishing an event failed");
     }
 }
 
@@ -141,7 +153,7 @@ async fn apply_spec(ctx: &Context, gc: &GPUCluster) -> Result<Action, Error> {
     }
 
     let cluster_policy = ctx.cluster_policy.borrow().unwrap_or(false);
-    observed.features = ctx.features().await;
+    observed.features = ctx.features.get().await;
     // Unknown is an error (retried), never "not served": that would strip the field from the
     // live class.
     let extended_resources_served = match observed.features.0.get(&Feature::ExtendedResource) {
@@ -297,6 +309,12 @@ pub async fn run(
         Recorder::new(client.clone(), reporter.clone()),
     );
     let (operands, writers) = cache::Operands::new(&ns);
+    let features = Arc::new(FeatureCache::new(client.clone()));
+    let gpu_classes = crate::classes::run(
+        client.clone(),
+        features.clone(),
+        Recorder::new(client.clone(), reporter.clone()),
+    );
     let ctx = Arc::new(Context {
         operands,
         recorder: Recorder::new(client.clone(), reporter),
@@ -304,7 +322,7 @@ pub async fn run(
         settings,
         metrics,
         served: tokio::sync::Mutex::new(None),
-        features: tokio::sync::Mutex::new(None),
+        features: features.clone(),
         cluster_policy,
     });
     let mut controller = Controller::new(
@@ -324,9 +342,11 @@ pub async fn run(
         .reconcile_all_on(changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    // The pending-pod explainer lives as long as the controller (which ends on shutdown).
+    // The pending-pod explainer and the GPUClass controller live as long as the GPUCluster
+    // controller (which ends on shutdown).
     tokio::select! {
         () = service::binary::drain_results(controller) => {}
         () = pending_pods => {}
+        () = gpu_classes => {}
     }
 }

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use service::fake_api::{self, failure, reply};
 
 use super::cache::{Operands, Writers};
-use super::{Context, Error, Metrics, Settings, error_policy, reconcile};
+use super::{Context, Error, Metrics, Settings, discovery, error_policy, reconcile};
 use crate::render::DefaultImages;
 
 const NS: &str = "gpu-operator";
@@ -210,6 +210,7 @@ impl FakeApi {
         Arc::new(Context {
             operands,
             recorder: Recorder::new(client.clone(), reporter),
+            features: Arc::new(discovery::FeatureCache::new(client.clone())),
             client,
             settings: Settings {
                 namespace: NS.into(),
@@ -223,7 +224,6 @@ impl FakeApi {
             },
             metrics: Metrics::default(),
             served: tokio::sync::Mutex::new(None),
-            features: tokio::sync::Mutex::new(None),
             cluster_policy: tokio::sync::watch::channel(Some(false)).1,
         })
     }

@@ -1,0 +1,502 @@
+//! GPU classes on the local cluster: the apiserver refuses bad classes naming the field; a class
+//! derives a DeviceClass and an extended resource per variant and reports what each matches;
+//! `kubectl get gpuclass` shows the names; a Deployment moved from `nvidia.com/gpu: 1` to the
+//! class's resource gets a claim made by the scheduler and runs, and so does a pod asking a MIG
+//! variant; an idle class is not written; a class being deleted keeps its DeviceClasses while
+//! claims use them.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use api::GPUClass;
+use api::gpuclass::CLASS_LABEL;
+use e2e::dra_node::DraNode;
+use e2e::{Env, Process, eventually, fresh_namespace, install_gpu_class_crd, step};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "e2e-gpu-classes";
+const OPERATOR_NS: &str = "gpu-operator";
+const METRICS: &str = "127.0.0.1:18088";
+/// Whole A100s here, A100s in MIG mode (3g.20gb, 2g.10gb, 1g.5gb each) there.
+const WHOLE_NODE: &str = "gpu-node-2";
+const MIG_NODE: &str = "gpu-node-3";
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make test-e2e runs it"]
+async fn gpu_classes_on_the_local_cluster() -> anyhow::Result<()> {
+    let env = Env::from_env()?;
+    let client = env.client().await?;
+    install_gpu_class_crd(&client).await?;
+    let classes: Api<GPUClass> = Api::all(client.clone());
+    remove_classes(&classes).await?;
+    fresh_namespace(&client, NS).await?;
+    fresh_namespace(&client, OPERATOR_NS).await?;
+
+    step(
+        "the apiserver refuses bad classes, naming the field",
+        &[],
+        bad_classes_are_refused(&classes),
+    )
+    .await?;
+
+    let nodes = [
+        DraNode::start(&env, WHOLE_NODE, "a100-sxm4-40gb", 2)?,
+        DraNode::start(&env, MIG_NODE, "a100-sxm4-40gb-mig-mixed", 1)?,
+    ];
+    let operator = env.spawn(
+        "gpu-operator",
+        "gpu-operator-classes",
+        &[
+            ("OPERATOR_NAMESPACE", OPERATOR_NS),
+            ("HTTP_ENDPOINT", METRICS),
+            ("POD_NAME", "operator-classes-e2e"),
+            ("LEADER_ELECT", "false"),
+        ],
+    )?;
+    let logs = [
+        operator.log_path.as_path(),
+        nodes[0].plugin.log_path.as_path(),
+        nodes[1].plugin.log_path.as_path(),
+    ];
+    let result = scenario(&env, &client, &classes, &operator, &logs).await;
+    cleanup(&client, &classes, nodes).await;
+    result
+}
+
+async fn scenario(
+    env: &Env,
+    client: &kube::Client,
+    classes: &Api<GPUClass>,
+    operator: &Process,
+    logs: &[&std::path::Path],
+) -> anyhow::Result<()> {
+    step(
+        "a class derives a DeviceClass and an extended resource per variant and counts matches",
+        logs,
+        class_reports_its_variants(client, classes),
+    )
+    .await?;
+    step(
+        "kubectl get gpuclass shows the extended resources",
+        &[],
+        kubectl_shows_the_resources(env),
+    )
+    .await?;
+    step(
+        "a Deployment moved from nvidia.com/gpu to the class's resource runs on a matching card",
+        logs,
+        moved_deployment_runs(client),
+    )
+    .await?;
+    step(
+        "a pod asking the MIG variant gets a 1g.5gb MIG device",
+        logs,
+        mig_variant_pod_runs(client),
+    )
+    .await?;
+    step(
+        "an idle class is not written",
+        &[operator.log_path.as_path()],
+        idle_class_is_not_written(classes),
+    )
+    .await?;
+    step(
+        "a deleted class keeps its DeviceClasses while claims use them",
+        &[operator.log_path.as_path()],
+        deletion_waits_for_claims(client, classes),
+    )
+    .await
+}
+
+fn a100_class() -> serde_json::Value {
+    json!({
+        "apiVersion": "gpu-operator-rs.dev/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {"name": "a100"},
+        "spec": {
+            "selector": {"matchLabels": {"gpu-operator-rs.dev/device": "a100-sxm4-40gb"}},
+            "variants": {"whole": {}, "mig": {"profiles": ["1g.5gb", "3g.20gb"]}},
+        },
+    })
+}
+
+async fn bad_classes_are_refused(classes: &Api<GPUClass>) -> anyhow::Result<()> {
+    let cases = [
+        (
+            json!({"selector": {}}),
+            "spec.selector",
+            "the selector is empty",
+        ),
+        (
+            json!({"selector": {"minMemory": "40Gi"}, "variants": {"mig": {"profiles": ["9g.1tb"]}}}),
+            "spec.variants.mig.profiles",
+            "not a MIG profile",
+        ),
+        (
+            json!({"selector": {"matchLabels": {"vendor": "nvidia"}}}),
+            "spec.selector.matchLabels",
+            "only gpu-operator-rs.dev/device and gpu-operator-rs.dev/architecture select GPUs",
+        ),
+        (
+            json!({"selector": {"minMemory": "lots"}}),
+            "spec.selector.minMemory",
+            "must be a positive quantity",
+        ),
+        (
+            json!({"selector": {"minMemory": "40Gi"}, "variants": {}}),
+            "spec.variants",
+            "no variant",
+        ),
+        (
+            json!({"selector": {"minMemory": "40Gi"},
+                   "variants": {"whole": {"extendedResourceName": "nvidia.com/gpu"}}}),
+            "spec.variants.whole.extendedResourceName",
+            "nvidia.com/ and kubernetes.io/ names are taken",
+        ),
+    ];
+    for (spec, field, words) in cases {
+        let object: GPUClass = serde_json::from_value(json!({
+            "apiVersion": "gpu-operator-rs.dev/v1alpha1", "kind": "GPUClass",
+            "metadata": {"name": "bad"}, "spec": spec,
+        }))?;
+        let err = classes
+            .create(&PostParams::default(), &object)
+            .await
+            .err()
+            .with_context(|| format!("the apiserver took a class with {field} bad"))?;
+        let message = err.to_string();
+        ensure!(
+            message.contains(field) && message.contains(words),
+            "refusal of a bad {field} should name it and say {words:?}: {message}"
+        );
+    }
+    let long: GPUClass = serde_json::from_value(json!({
+        "apiVersion": "gpu-operator-rs.dev/v1alpha1", "kind": "GPUClass",
+        "metadata": {"name": "a-name-too-long-to-become-part-of-device-class-names"},
+        "spec": {"selector": {"minMemory": "40Gi"}},
+    }))?;
+    let err = classes
+        .create(&PostParams::default(), &long)
+        .await
+        .err()
+        .context("the apiserver took a class name of 51 characters")?;
+    ensure!(err.to_string().contains("at most 40 characters"), "{err}");
+    Ok(())
+}
+
+async fn class_reports_its_variants(
+    client: &kube::Client,
+    classes: &Api<GPUClass>,
+) -> anyhow::Result<()> {
+    classes
+        .patch(
+            "a100",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(a100_class()),
+        )
+        .await?;
+    let want = [("whole", 2, 1), ("mig-1g.5gb", 1, 1), ("mig-3g.20gb", 1, 1)];
+    let status = eventually(
+        Duration::from_secs(60),
+        "GPUClass a100 to count 2 whole A100s and one 1g.5gb and one 3g.20gb partition",
+        || async {
+            let class = classes.get("a100").await?;
+            let Some(status) = class.status else {
+                return Ok(None);
+            };
+            let rows: Vec<(&str, i64, i64)> = status
+                .variants
+                .iter()
+                .map(|v| (v.name.as_str(), v.devices, v.nodes))
+                .collect();
+            Ok((rows == want).then_some(status.clone()))
+        },
+    )
+    .await?;
+    ensure!(
+        status.extended_resource_names
+            == [
+                "gpu-operator-rs.dev/a100",
+                "gpu-operator-rs.dev/a100-mig-1g.5gb",
+                "gpu-operator-rs.dev/a100-mig-3g.20gb"
+            ],
+        "{status:?}"
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .context("no Ready condition")?;
+    ensure!(ready.status == "True", "{ready:?}");
+    let derived: BTreeMap<String, Option<String>> = Api::<DeviceClass>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{CLASS_LABEL}=a100")))
+        .await?
+        .items
+        .into_iter()
+        .map(|c| (c.name_any(), c.spec.extended_resource_name))
+        .collect();
+    let mut named = status.device_class_names.clone();
+    named.sort();
+    ensure!(
+        derived.keys().cloned().collect::<Vec<_>>() == named,
+        "DeviceClasses {derived:?} are not the status's {named:?}"
+    );
+    Ok(())
+}
+
+async fn kubectl_shows_the_resources(env: &Env) -> anyhow::Result<()> {
+    let out = Command::new(env.tools_dir.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .args(["get", "gpuclass", "a100"])
+        .output()
+        .context("running kubectl")?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success()
+            && table.contains("RESOURCES")
+            && table.contains("gpu-operator-rs.dev/a100-mig-1g.5gb"),
+        "kubectl get gpuclass a100 printed:\n{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{table}");
+    Ok(())
+}
+
+/// The pod's extended-resource claim, once the pod runs.
+async fn running_with_claim(client: &kube::Client, pod: &Pod) -> anyhow::Result<ResourceClaim> {
+    let name = pod.name_any();
+    let status = pod.status.as_ref().context("no status")?;
+    ensure!(
+        status.phase.as_deref() == Some("Running"),
+        "pod {name} is {:?}",
+        status.phase
+    );
+    let claim = status
+        .extended_resource_claim_status
+        .as_ref()
+        .map(|s| s.resource_claim_name.clone())
+        .with_context(|| format!("pod {name} runs without an extended-resource claim"))?;
+    Ok(Api::<ResourceClaim>::namespaced(client.clone(), NS)
+        .get(&claim)
+        .await?)
+}
+
+/// The one allocated device of `claim`: (pool, device).
+fn allocated(claim: &ResourceClaim) -> anyhow::Result<(String, String)> {
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default();
+    ensure!(
+        results.len() == 1,
+        "claim {} has {results:?}",
+        claim.name_any()
+    );
+    Ok((results[0].pool.clone(), results[0].device.clone()))
+}
+
+async fn moved_deployment_runs(client: &kube::Client) -> anyhow::Result<()> {
+    // The guide's "after": the class's resource instead of nvidia.com/gpu, no node binding and
+    // no ResourceClaim in the manifest.
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "moved", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "moved"}},
+            "template": {
+                "metadata": {"labels": {"app": "moved"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "cuda", "image": "busybox",
+                        "resources": {"limits": {"gpu-operator-rs.dev/a100": "1"}},
+                    }],
+                },
+            },
+        },
+    }))?;
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let claim = eventually(
+        Duration::from_secs(90),
+        "the moved Deployment's pod to run with a claim the scheduler made",
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels("app=moved"))
+                .await?;
+            let Some(pod) = list.items.first() else {
+                return Ok(None);
+            };
+            Ok(running_with_claim(client, pod).await.ok())
+        },
+    )
+    .await?;
+    let (pool, device) = allocated(&claim)?;
+    ensure!(
+        pool == WHOLE_NODE && device.starts_with("gpu-") && !device.contains("mig"),
+        "the moved pod got {pool}/{device}, not a whole A100 of {WHOLE_NODE}"
+    );
+    let class = claim
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref());
+    let class = class
+        .and_then(|r| r.first())
+        .and_then(|r| r.exactly.as_ref())
+        .map(|e| e.device_class_name.clone());
+    ensure!(
+        class.as_deref() == Some("a100.gpu-operator-rs.dev"),
+        "the claim asks {class:?}"
+    );
+    Ok(())
+}
+
+async fn mig_variant_pod_runs(client: &kube::Client) -> anyhow::Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "small", "namespace": NS},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "cuda", "image": "busybox",
+                "resources": {"limits": {"gpu-operator-rs.dev/a100-mig-1g.5gb": "1"}},
+            }],
+        },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(&PostParams::default(), &pod).await?;
+    let claim = eventually(
+        Duration::from_secs(90),
+        "the pod asking a100-mig-1g.5gb to run with a claim",
+        || async {
+            Ok(running_with_claim(client, &pods.get("small").await?)
+                .await
+                .ok())
+        },
+    )
+    .await?;
+    let (pool, device) = allocated(&claim)?;
+    ensure!(
+        pool == MIG_NODE && device.contains("mig-1g5gb"),
+        "the MIG pod got {pool}/{device}, not a 1g.5gb partition of {MIG_NODE}"
+    );
+    Ok(())
+}
+
+async fn idle_class_is_not_written(classes: &Api<GPUClass>) -> anyhow::Result<()> {
+    let before = classes.get("a100").await?.resource_version();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = classes.get("a100").await?.resource_version();
+    ensure!(
+        before == after,
+        "GPUClass a100 was written while nothing changed: {before:?} -> {after:?}"
+    );
+    Ok(())
+}
+
+async fn deletion_waits_for_claims(
+    client: &kube::Client,
+    classes: &Api<GPUClass>,
+) -> anyhow::Result<()> {
+    let device_classes: Api<DeviceClass> = Api::all(client.clone());
+    let derived = ListParams::default().labels(&format!("{CLASS_LABEL}=a100"));
+    classes.delete("a100", &DeleteParams::default()).await?;
+    eventually(
+        Duration::from_secs(30),
+        "GPUClass a100 to say which claims keep its DeviceClasses",
+        || async {
+            let class = classes.get("a100").await?;
+            let blocked = class
+                .status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .any(|c| c.type_ == "Ready" && c.reason == "InUse" && c.message.contains(NS));
+            Ok(blocked.then_some(()))
+        },
+    )
+    .await?;
+    let kept = device_classes.list(&derived).await?.items.len();
+    ensure!(
+        kept == 3,
+        "{kept} of the 3 DeviceClasses are left while claims use them"
+    );
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .delete("moved", &DeleteParams::foreground())
+        .await?;
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    eventually(
+        Duration::from_secs(90),
+        "GPUClass a100 and its DeviceClasses to go once its claims did",
+        || async {
+            let gone = classes.get_opt("a100").await?.is_none()
+                && device_classes.list(&derived).await?.items.is_empty();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await
+}
+
+/// Deletes every GPUClass, without the operator if need be.
+async fn remove_classes(classes: &Api<GPUClass>) -> anyhow::Result<()> {
+    for class in classes.list(&ListParams::default()).await?.items {
+        let name = class.name_any();
+        let patch = json!({"metadata": {"finalizers": null}});
+        classes
+            .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let _ = classes.delete(&name, &DeleteParams::default()).await;
+    }
+    Ok(())
+}
+
+/// Removes what the test made: workloads first (their claims are unprepared by the plugins),
+/// then the classes, the plugins and their slices.
+async fn cleanup(client: &kube::Client, classes: &Api<GPUClass>, nodes: [DraNode; 2]) {
+    let _ = Api::<Deployment>::namespaced(client.clone(), NS)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let _ = pods
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    let _ = eventually(Duration::from_secs(30), "the test's pods to go", || async {
+        Ok(pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await;
+    let _ = remove_classes(classes).await;
+    let _ = Api::<DeviceClass>::all(client.clone())
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(CLASS_LABEL),
+        )
+        .await;
+    drop(nodes);
+    for node in [WHOLE_NODE, MIG_NODE] {
+        let _ = Api::<ResourceSlice>::all(client.clone())
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().fields(&format!("spec.nodeName={node}")),
+            )
+            .await;
+    }
+}
