@@ -35,6 +35,7 @@ fmt: ## Format the code
 generate: ## Regenerate the CRD YAML from crates/api
 	$(CARGO) run -q --locked --bin crdgen > charts/gpu-operator/crds/nvidia.com_gpuclusters.yaml
 	$(CARGO) run -q --locked --bin crdgen gpuclasses > charts/gpu-operator/crds/gpu-operator-rs.dev_gpuclasses.yaml
+	$(CARGO) run -q --locked --bin crdgen physicalgpus > charts/gpu-operator/crds/gpu-operator-rs.dev_physicalgpus.yaml
 
 test-rust: ## Every Rust test in the workspace (unit, snapshot, dlopen of the mock NVML, wire tests)
 	$(CARGO) test --workspace --locked --no-fail-fast

@@ -7,7 +7,8 @@ Taint latency: each round queues XID 79 on one mock GPU (the next one each round
 mock NVML's control file, and times how long until a `kubectl get --watch` of the node's
 ResourceSlices shows that device tainted gpu.nvidia.com/gpu-lost; then clears the fault and waits for
 the taint to go (after the plugin's recovery period). Idle: with every device healthy, counts the
-slice changes the watch sees and the apiserver's write requests on ResourceSlices and Events
+slice changes the watch sees and the apiserver's write requests on ResourceSlices, Events and
+PhysicalGPUs
 (apiserver_request_total) over IDLE_SECONDS. Prints Markdown for BENCHMARKS.md.
 """
 
@@ -82,7 +83,7 @@ def wait(lines, until, timeout):
 def writes():
     metrics = subprocess.run(["kubectl", "get", "--raw", "/metrics"], capture_output=True, text=True,
                              check=True).stdout
-    total = {"resourceslices": 0, "events": 0}
+    total = {"resourceslices": 0, "events": 0, "physicalgpus": 0}
     pattern = re.compile(r'^apiserver_request_total\{([^}]*)\} (\S+)$')
     for line in metrics.splitlines():
         m = pattern.match(line)
@@ -129,8 +130,13 @@ def main():
     print(f"| XID 79 to a tainted device, as `kubectl get --watch` sees it ({ROUNDS} rounds) | "
           f"p50 {statistics.median(took):.0f} ms, p90 {p90:.0f} ms, max {took[-1]:.0f} ms |")
     print(f"| Slice changes seen while every device is healthy, {IDLE} s | {changes} |")
-    print(f"| apiserver writes on ResourceSlices / Events over those {IDLE} s | "
-          f"{after['resourceslices'] - before['resourceslices']} / {after['events'] - before['events']} |")
+    print(f"| apiserver writes on ResourceSlices / Events / PhysicalGPUs over those {IDLE} s | "
+          f"{after['resourceslices'] - before['resourceslices']} / {after['events'] - before['events']} / "
+          f"{after['physicalgpus'] - before['physicalgpus']} |")
+    pgpus = subprocess.run(["kubectl", "get", "physicalgpus", "--no-headers"], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    print(f"| PhysicalGPUs the plugin keeps, all Ready | {len(pgpus)} "
+          f"({sum(1 for p in pgpus if ' Ready ' in p)} Ready) |")
 
 
 main()

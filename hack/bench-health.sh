@@ -21,6 +21,9 @@ PID=""
 trap '[[ -z "$PID" ]] || kill "$PID" 2>/dev/null; wait 2>/dev/null; hack/cluster down >/dev/null 2>&1 || true' EXIT
 hack/cluster down >/dev/null 2>&1 || true
 hack/cluster up >/dev/null
+# The plugin keeps the node's PhysicalGPUs too; their writes are counted with the rest.
+kubectl apply --server-side -f charts/gpu-operator/crds/gpu-operator-rs.dev_physicalgpus.yaml >/dev/null
+kubectl wait --for condition=established crd/physicalgpus.gpu-operator-rs.dev >/dev/null
 WORK="$CLUSTER_DIR/bench"
 rm -rf "$WORK" && mkdir -p "$WORK/cdi"
 KUBELET_DIR="$(readlink -f "$CLUSTER_DIR/nodes")/gpu-node-0/kubelet"

@@ -288,9 +288,11 @@ pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
     apply_crd(client, &api::gpucluster::crd()).await
 }
 
-/// Installs (server-side applies) the `GPUClass` CRD and waits until it is established.
-pub async fn install_gpu_class_crd(client: &kube::Client) -> anyhow::Result<()> {
-    apply_crd(client, &api::gpuclass::crd()).await
+/// Installs (server-side applies) the product's own CRDs (`GPUClass`, `PhysicalGPU`) and waits
+/// until they are established.
+pub async fn install_product_crds(client: &kube::Client) -> anyhow::Result<()> {
+    apply_crd(client, &api::gpuclass::crd()).await?;
+    apply_crd(client, &api::physicalgpu::crd()).await
 }
 
 /// Server-side applies the `gpu-cluster` GPUCluster with `spec` (field manager `e2e`).

@@ -2,7 +2,8 @@
 //! derives a DeviceClass and an extended resource per variant and reports what each matches;
 //! `kubectl get gpuclass` shows the names; a Deployment moved from `nvidia.com/gpu: 1` to the
 //! class's resource gets a claim made by the scheduler and runs, and so does a pod asking a MIG
-//! variant; an idle class is not written; a class being deleted keeps its DeviceClasses while
+//! variant; every card shows as a Ready PhysicalGPU naming the claims that use it; an idle class
+//! and idle PhysicalGPUs are not written; a class being deleted keeps its DeviceClasses while
 //! claims use them.
 
 use std::collections::BTreeMap;
@@ -12,8 +13,9 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use api::GPUClass;
 use api::gpuclass::CLASS_LABEL;
+use api::physicalgpu::{NODE_LABEL, PhysicalGPU};
 use e2e::dra_node::DraNode;
-use e2e::{Env, Process, eventually, fresh_namespace, install_gpu_class_crd, step};
+use e2e::{Env, Process, eventually, fresh_namespace, install_product_crds, step};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -33,7 +35,7 @@ const MIG_NODE: &str = "gpu-node-3";
 async fn gpu_classes_on_the_local_cluster() -> anyhow::Result<()> {
     let env = Env::from_env()?;
     let client = env.client().await?;
-    install_gpu_class_crd(&client).await?;
+    install_product_crds(&client).await?;
     let classes: Api<GPUClass> = Api::all(client.clone());
     remove_classes(&classes).await?;
     fresh_namespace(&client, NS).await?;
@@ -90,6 +92,12 @@ async fn scenario(
     )
     .await?;
     step(
+        "kubectl get physicalgpu -o wide lists every card of both nodes, Ready",
+        logs,
+        physical_gpus_listed(env, client),
+    )
+    .await?;
+    step(
         "a Deployment moved from nvidia.com/gpu to the class's resource runs on a matching card",
         logs,
         moved_deployment_runs(client),
@@ -102,9 +110,9 @@ async fn scenario(
     )
     .await?;
     step(
-        "an idle class is not written",
+        "an idle class and idle PhysicalGPUs are not written",
         &[operator.log_path.as_path()],
-        idle_class_is_not_written(classes),
+        idle_class_is_not_written(client, classes),
     )
     .await?;
     step(
@@ -349,6 +357,26 @@ async fn moved_deployment_runs(client: &kube::Client) -> anyhow::Result<()> {
         pool == WHOLE_NODE && device.starts_with("gpu-") && !device.contains("mig"),
         "the moved pod got {pool}/{device}, not a whole A100 of {WHOLE_NODE}"
     );
+    let consumer = format!("{NS}/{}", claim.name_any());
+    let gpus: Api<PhysicalGPU> = Api::all(client.clone());
+    eventually(
+        Duration::from_secs(30),
+        &format!("a PhysicalGPU of {WHOLE_NODE} to name {consumer} as its user"),
+        || async {
+            let used = gpus
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|g| {
+                    g.status
+                        .as_ref()
+                        .is_some_and(|s| s.node == WHOLE_NODE && s.consumers.contains(&consumer))
+                });
+            Ok(used.then_some(()))
+        },
+    )
+    .await?;
     let class = claim
         .spec
         .devices
@@ -396,14 +424,72 @@ async fn mig_variant_pod_runs(client: &kube::Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn idle_class_is_not_written(classes: &Api<GPUClass>) -> anyhow::Result<()> {
-    let before = classes.get("a100").await?.resource_version();
+async fn idle_class_is_not_written(
+    client: &kube::Client,
+    classes: &Api<GPUClass>,
+) -> anyhow::Result<()> {
+    let gpus: Api<PhysicalGPU> = Api::all(client.clone());
+    let versions = || async {
+        let mut all = vec![classes.get("a100").await?.resource_version()];
+        for gpu in gpus.list(&ListParams::default()).await?.items {
+            all.push(gpu.resource_version());
+        }
+        anyhow::Ok(all)
+    };
+    // The PhysicalGPUs settle first: the pods started above changed who uses them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = versions().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let after = classes.get("a100").await?.resource_version();
+    let after = versions().await?;
     ensure!(
         before == after,
-        "GPUClass a100 was written while nothing changed: {before:?} -> {after:?}"
+        "GPUClass a100 or a PhysicalGPU was written while nothing changed: {before:?} -> {after:?}"
     );
+    Ok(())
+}
+
+async fn physical_gpus_listed(env: &Env, client: &kube::Client) -> anyhow::Result<()> {
+    let gpus: Api<PhysicalGPU> = Api::all(client.clone());
+    let listed = eventually(
+        Duration::from_secs(60),
+        "3 PhysicalGPUs (2 on the whole-card node, 1 on the MIG node), all Ready",
+        || async {
+            let mut rows: Vec<(String, String, String, String)> = Vec::new();
+            for node in [WHOLE_NODE, MIG_NODE] {
+                let on_node = ListParams::default().labels(&format!("{NODE_LABEL}={node}"));
+                for gpu in gpus.list(&on_node).await?.items {
+                    let s = gpu.status.clone().unwrap_or_default();
+                    rows.push((s.node, s.plane, s.mig_mode, s.phase));
+                }
+            }
+            rows.sort();
+            let want = [
+                (WHOLE_NODE, "dra", "Disabled", "Ready"),
+                (WHOLE_NODE, "dra", "Disabled", "Ready"),
+                (MIG_NODE, "dra", "Enabled", "Ready"),
+            ]
+            .map(|(a, b, c, d)| (a.to_owned(), b.to_owned(), c.to_owned(), d.to_owned()));
+            Ok((rows == want).then_some(rows))
+        },
+    )
+    .await?;
+    let out = Command::new(env.tools_dir.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .args(["get", "physicalgpu", "-o", "wide", "-l"])
+        .arg(format!("{NODE_LABEL} in ({WHOLE_NODE},{MIG_NODE})"))
+        .output()
+        .context("running kubectl")?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success()
+            && table.contains("NVIDIA A100-SXM4-40GB")
+            && table.contains("UUID")
+            && table.lines().filter(|l| l.contains(" Ready ")).count() == listed.len(),
+        "kubectl get physicalgpu -o wide printed:\n{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{table}");
     Ok(())
 }
 
@@ -492,6 +578,12 @@ async fn cleanup(client: &kube::Client, classes: &Api<GPUClass>, nodes: [DraNode
         .await;
     drop(nodes);
     for node in [WHOLE_NODE, MIG_NODE] {
+        let _ = Api::<PhysicalGPU>::all(client.clone())
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&format!("{NODE_LABEL}={node}")),
+            )
+            .await;
         let _ = Api::<ResourceSlice>::all(client.clone())
             .delete_collection(
                 &DeleteParams::default(),

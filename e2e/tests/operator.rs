@@ -258,14 +258,14 @@ async fn every_default_operand(apis: &Apis) -> anyhow::Result<()> {
     assert_eq!(names(&apis.services).await?, [o::DCGM_EXPORTER_DAEMONSET]);
     assert_eq!(
         names(&Api::<ValidatingAdmissionPolicy>::all(apis.client.clone())).await?,
-        [o::RESOURCESLICE_POLICY]
+        [o::PHYSICALGPU_POLICY, o::RESOURCESLICE_POLICY]
     );
     assert_eq!(
         names(&Api::<ValidatingAdmissionPolicyBinding>::all(
             apis.client.clone()
         ))
         .await?,
-        [o::RESOURCESLICE_POLICY]
+        [o::PHYSICALGPU_POLICY, o::RESOURCESLICE_POLICY]
     );
     let ns = apis.namespaces.get(NS).await?;
     assert_eq!(

@@ -414,9 +414,11 @@ check_gpu_pod() {
     fail "$name on $node: expected $count GPU(s) of the node, got: $(tr '\n' ';' <<<"$log")"
   fi
 }
-# resource_pod NAME NODE [SCRIPT]: a pod pinned to NODE asking nvidia.com/gpu: 1 (no claim), running
-# SCRIPT, by default LIST_GPUS.
+# resource_pod NAME NODE [SCRIPT]: a pod asking RESOURCE (default nvidia.com/gpu): 1, no claim, pinned
+# to NODE unless NODE is empty, running SCRIPT, by default LIST_GPUS.
 resource_pod() {
+  local pin=""
+  [[ -z "$2" ]] || pin="nodeSelector: {kubernetes.io/hostname: $2}"
   k apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
@@ -424,34 +426,60 @@ metadata: {name: $1, namespace: default}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
-  nodeSelector: {kubernetes.io/hostname: $2}
+  $pin
   containers:
   - name: workload
     image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
     command: ["sh", "-c", "${3:-$LIST_GPUS}"]
     resources:
-      limits: {nvidia.com/gpu: 1}
+      limits: {${RESOURCE:-nvidia.com/gpu}: 1}
 EOF
 }
 gpu_pod gpu-workload real-gpu-0 1
 check_gpu_pod gpu-workload real-gpu-0 1
+# extended_pod NAME RESOURCE PIN NODE: a pod asking RESOURCE: 1 with no claim in its manifest (pinned
+# to PIN unless empty) ran on NODE seeing one of its GPUs, through the DRA claim the scheduler made.
+extended_pod() {
+  local claim
+  RESOURCE=$2 resource_pod "$1" "$3"
+  check_gpu_pod "$1" "$4" 1
+  claim="$(k -n default get pod "$1" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')"
+  if [[ -n "$claim" ]]; then
+    pass "$1's $2 was served by DRA claim $claim"
+  else
+    fail "$1 has no extended-resource claim: $(k -n default get pod "$1" -o jsonpath='{.status}' | head -c 300)"
+  fi
+  k -n default delete pod "$1" --wait=false >/dev/null
+}
 # The same extended resource a device-plugin node offers, on a DRA node: DeviceClass gpu.nvidia.com
 # maps nvidia.com/gpu (the apiserver serves the field), so the scheduler gives the pod a claim of
 # that class and the DRA plugin prepares it.
 mapped="$(k get deviceclass gpu.nvidia.com -o jsonpath='{.spec.extendedResourceName}')"
 if [[ "$mapped" == nvidia.com/gpu ]]; then
-  resource_pod mapped-workload real-gpu-0
-  check_gpu_pod mapped-workload real-gpu-0 1
-  mapped_claim="$(k -n default get pod mapped-workload -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')"
-  if [[ -n "$mapped_claim" ]]; then
-    pass "mapped-workload's nvidia.com/gpu was served by DRA claim $mapped_claim"
-  else
-    fail "mapped-workload has no extended-resource claim: $(k -n default get pod mapped-workload -o jsonpath='{.status}' | head -c 300)"
-  fi
-  k -n default delete pod mapped-workload --wait=false >/dev/null
+  extended_pod mapped-workload nvidia.com/gpu real-gpu-0 real-gpu-0
 else
   fail "DeviceClass gpu.nvidia.com maps '$mapped', not nvidia.com/gpu"
 fi
+# The guide's application move: a GPUClass names the H100s, and a pod that asked nvidia.com/gpu
+# asks the class's extended resource instead, with no node binding and no claim in its manifest.
+# The scheduler places it on the node with those cards and makes its claim.
+k apply -f - >/dev/null <<EOF
+apiVersion: gpu-operator-rs.dev/v1alpha1
+kind: GPUClass
+metadata: {name: h100}
+spec:
+  selector:
+    matchLabels: {gpu-operator-rs.dev/device: h100-80gb-hbm3}
+EOF
+class_resources() { k get gpuclass h100 -o jsonpath='{.status.extendedResourceNames}{" "}{.status.devices}'; }
+class_offers_h100s() { [[ "$(class_resources)" == '["gpu-operator-rs.dev/h100"] 4' ]]; }
+if wait_until 60 class_offers_h100s; then
+  pass "GPUClass h100 offers gpu-operator-rs.dev/h100 on the 4 H100s of real-gpu-0"
+  extended_pod class-workload gpu-operator-rs.dev/h100 "" real-gpu-0
+else
+  fail "GPUClass h100 shows '$(class_resources)': $(k get gpuclass h100 -o jsonpath='{.status.conditions}')"
+fi
+k delete gpuclass h100 --wait=false >/dev/null
 gpu_pod two-gpus real-gpu-1 2
 check_gpu_pod two-gpus real-gpu-1 2
 
@@ -719,6 +747,19 @@ if wait_until 120 running switch; then
   resource_pod dp-workload real-gpu-1
   check_gpu_pod dp-workload real-gpu-1 1
   k -n default delete pod dp-workload --wait=false >/dev/null
+  # The guide's readiness check: a PhysicalGPU for every card of every GPU node, each Ready,
+  # written by the plugin of the plane that serves its node.
+  pgpu_rows() {
+    k get physicalgpu -o jsonpath='{range .items[*]}{.status.node}/{.status.plane}/{.status.phase}{"\n"}{end}' |
+      sort | uniq -c | awk '{printf "%s=%s ", $2, $1}'
+  }
+  pgpus_listed() { [[ "$(pgpu_rows)" == "real-gpu-0/dra/Ready=4 real-gpu-1/device-plugin/Ready=2 real-gpu-2/dra/Ready=2 " ]]; }
+  if wait_until 60 pgpus_listed; then
+    pass "kubectl get physicalgpu -o wide: every card of the 3 GPU nodes on both planes, Ready: $(pgpu_rows)"
+    k get physicalgpu -o wide | sed 's/^/    /'
+  else
+    fail "PhysicalGPUs (node/plane/phase=count): $(pgpu_rows)"
+  fi
   # A GPU lost (the mock's fault injection): one ListAndWatch update takes it out of the kubelet's
   # allocatable; after the recovery period with the GPU readable again, it returns.
   t0=$SECONDS

@@ -306,6 +306,11 @@ pub mod objects {
     pub const DCGM_DAEMONSET: &str = "nvidia-dcgm-dra";
     /// ValidatingAdmissionPolicy (and binding) confining plugins to their node's slices.
     pub const RESOURCESLICE_POLICY: &str = "resourceslices-policy-nvidia-dra-driver";
+    /// ValidatingAdmissionPolicy (and binding) confining plugins to their node's PhysicalGPUs.
+    pub const PHYSICALGPU_POLICY: &str = "physicalgpus-policy-gpu-operator";
+    /// ServiceAccount of the device plugin pods (shipped by the chart): it writes its node's
+    /// PhysicalGPUs.
+    pub const DEVICE_PLUGIN_SERVICE_ACCOUNT: &str = "nvidia-device-plugin";
     /// ResourceClaimTemplate of the DCGM exporter's admin-access claim.
     pub const DCGM_EXPORTER_CLAIM_TEMPLATE: &str = "nvidia-dcgm-exporter-admin";
     /// ResourceClaimTemplate of standalone DCGM's admin-access claim.

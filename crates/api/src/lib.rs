@@ -11,6 +11,7 @@ pub mod gpucluster;
 pub mod handover;
 pub mod image;
 pub mod mode;
+pub mod physicalgpu;
 
 pub use gpuclass::{GPUClass, GPUClassSpec, GPUClassStatus};
 pub use gpucluster::{GPUCluster, GPUClusterSpec, GPUClusterStatus};

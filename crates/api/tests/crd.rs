@@ -265,3 +265,43 @@ fn gpuclass_is_cluster_scoped_in_the_products_group_and_shows_its_resources() {
         "a class without variants offers whole cards"
     );
 }
+
+#[test]
+fn committed_physicalgpu_crd_matches_crdgen_and_shows_cards_wide() {
+    let committed =
+        include_str!("../../../charts/gpu-operator/crds/gpu-operator-rs.dev_physicalgpus.yaml");
+    assert!(
+        committed == api::physicalgpu::crd_yaml(),
+        "charts/gpu-operator/crds/gpu-operator-rs.dev_physicalgpus.yaml is stale: run `make generate`"
+    );
+    let crd: Value = serde_yaml::from_str(committed).unwrap();
+    let version = &crd["spec"]["versions"][0];
+    assert!(
+        version.get("subresources").is_none(),
+        "one write creates or changes a PhysicalGPU: no status subresource"
+    );
+    let columns: Vec<(&str, bool)> = version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c.get("priority").is_some()))
+        .collect();
+    for (name, wide) in [
+        ("NODE", false),
+        ("PHASE", false),
+        ("UUID", true),
+        ("PCI", true),
+    ] {
+        assert!(columns.contains(&(name, wide)), "{name}: {columns:?}");
+    }
+    let mut missing = Vec::new();
+    undocumented(
+        &version["schema"]["openAPIV3Schema"]["properties"]["status"],
+        "status",
+        &mut missing,
+    );
+    assert!(
+        missing.is_empty(),
+        "fields without a description: {missing:#?}"
+    );
+}

@@ -45,9 +45,10 @@ async fn track_health(
         if let (Observation::NvmlFailed(error), false) = (&observation, nvml_failing) {
             tracing::error!(%error, "NVML failed; device health unknown, keeping what was last known");
         }
+        let failing_changed = nvml_failing != failed;
         nvml_failing = failed;
         let changes = tracker.observe(&observation, &gpus_by_index, Instant::now());
-        if changes.is_empty() {
+        if changes.is_empty() && !failing_changed {
             continue;
         }
         for change in &changes {
@@ -64,16 +65,27 @@ async fn track_health(
                 .map(|d| d.gpu.gpu_uuid.clone())
                 .filter(|gpu| !tracker.is_healthy(gpu))
                 .collect();
+            s.faults = tracker
+                .faults()
+                .map(|(gpu, fault)| (gpu.to_owned(), fault.to_string()))
+                .collect();
+            s.nvml_failing = nvml_failing;
         });
         count(&metrics, &state.borrow());
     }
 }
 
+/// What NVML read at start: the plan, GPU UUIDs by NVML index, the library read, and the GPUs
+/// with the driver's versions.
+struct Read {
+    plan: Plan,
+    by_index: BTreeMap<u32, String>,
+    library: std::path::PathBuf,
+    inventory: gpu_discovery::Inventory,
+}
+
 /// Reads the GPUs and decides the plan.
-fn read_plan(
-    offer: &Offer,
-    roots: &DriverPaths,
-) -> anyhow::Result<(Plan, BTreeMap<u32, String>, std::path::PathBuf)> {
+fn read_plan(offer: &Offer, roots: &DriverPaths) -> anyhow::Result<Read> {
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let session = NvmlSession::open(&library, InitMode::Full)?;
@@ -90,7 +102,12 @@ fn read_plan(
         .iter()
         .map(|g| (g.index, g.uuid.clone()))
         .collect();
-    Ok((plan, by_index, library))
+    Ok(Read {
+        plan,
+        by_index,
+        library,
+        inventory,
+    })
 }
 
 /// Runs the plugin until SIGTERM/SIGINT.
@@ -105,8 +122,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     tracing::info!(node = %config.node_name, "starting");
     let offer = config.offer()?;
-    let (plan, gpus_by_index, library) =
-        read_plan(&offer, &roots).context("reading the GPUs through NVML")?;
+    let Read {
+        plan,
+        by_index: gpus_by_index,
+        library,
+        inventory,
+    } = read_plan(&offer, &roots).context("reading the GPUs through NVML")?;
     let writer = CdiWriter::new(&config.cdi_root, &roots).with_procfs_root(&config.procfs_root);
     let devices: Vec<_> = plan.devices.values().collect();
     if !devices.is_empty() {
@@ -122,7 +143,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let resources: Vec<_> = plan.resources.values().cloned().collect();
     let (state_tx, state_rx) = watch::channel(State {
         plan: Arc::new(plan),
-        unhealthy: Default::default(),
+        ..State::default()
     });
     count(&metrics, &state_rx.borrow());
 
@@ -158,6 +179,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             registered_tx,
         )));
     }
+    tokio::spawn(crate::physical_gpus::follow(
+        config.node_name.clone(),
+        inventory,
+        state_rx.clone(),
+        registrations.clone(),
+    ));
     let readiness = health_http.clone();
     tokio::spawn(async move {
         // Ready while the kubelet holds every resource's registration.

@@ -17,6 +17,7 @@ pub mod cdi;
 pub mod config;
 pub mod grpc;
 pub mod metrics;
+pub mod physical_gpus;
 pub mod plan;
 pub mod proto;
 pub mod serve;

@@ -2,7 +2,7 @@
 
 use crate::plan::Plan;
 use crate::proto::{self, Device};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The plugin's current view, published to every resource's server through a watch channel.
@@ -12,6 +12,10 @@ pub struct State {
     pub plan: Arc<Plan>,
     /// UUIDs of the physical GPUs that are unhealthy.
     pub unhealthy: BTreeSet<String>,
+    /// The fault of each unhealthy GPU, in words, by UUID.
+    pub faults: BTreeMap<String, String>,
+    /// NVML failed at the last look: no GPU's health is known.
+    pub nvml_failing: bool,
 }
 
 impl State {

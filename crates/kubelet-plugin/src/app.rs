@@ -41,6 +41,8 @@ pub fn read_devices(roots: &DriverPaths) -> anyhow::Result<(DeviceTable, Vec<Unr
 /// What the plugin learns from NVML at start.
 struct NodeGpus {
     table: DeviceTable,
+    /// The physical GPUs read.
+    gpus: Vec<gpu_discovery::Gpu>,
     unreadable: Vec<UnreadableGpu>,
     /// GPU UUIDs by NVML index, for the monitor's probes.
     by_index: BTreeMap<u32, String>,
@@ -55,6 +57,7 @@ fn read_gpus(roots: &DriverPaths) -> anyhow::Result<NodeGpus> {
     let inventory = session.inventory()?;
     Ok(NodeGpus {
         table: DeviceTable::from_inventory(&inventory),
+        gpus: inventory.gpus.clone(),
         by_index: inventory
             .gpus
             .iter()
@@ -310,6 +313,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let NodeGpus {
         table,
+        gpus,
         unreadable,
         by_index,
         library,
@@ -384,7 +388,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         client.clone(),
         config.node_name.clone(),
         table,
-        view_rx,
+        view_rx.clone(),
     ));
 
     let shutdown = service::shutdown::Shutdown::on_signal();
@@ -397,6 +401,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy()).with_resource_health();
     let ready = service::http::Health::default();
     let mut registered = registration.state();
+    tokio::spawn(crate::physical_gpus::follow(
+        client.clone(),
+        config.node_name.clone(),
+        gpus,
+        Arc::clone(&driver),
+        view_rx.clone(),
+        registration.state(),
+    ));
     let readiness = ready.clone();
     tokio::spawn(async move {
         // /readyz follows what the kubelet last said about the registration.

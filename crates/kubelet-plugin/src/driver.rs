@@ -21,6 +21,7 @@ use crate::ledger::{Ledger, Version};
 use crate::metrics::{Metrics, Operation};
 use crate::types::{ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::time::Instant;
@@ -203,6 +204,34 @@ impl<C: ClaimSource> Driver<C> {
     /// How many times the checkpoint was written since start.
     pub fn checkpoint_writes(&self) -> usize {
         self.ledger.writes()
+    }
+
+    /// Follows changes of the prepared claims.
+    pub fn claim_changes(&self) -> tokio::sync::watch::Receiver<Version> {
+        self.ledger.subscribe()
+    }
+
+    /// The prepared claims of each physical GPU (by UUID), as `<namespace>/<name>`.
+    pub fn consumers(&self) -> BTreeMap<String, Vec<String>> {
+        let (consumers, _) = self.ledger.read(|checkpoint| {
+            let mut by_gpu: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for entry in checkpoint.claims.values() {
+                if entry.state != ClaimState::PrepareCompleted {
+                    continue;
+                }
+                for device in &entry.devices {
+                    if let Some(d) = self.table.devices.get(&device.device) {
+                        let claims = by_gpu.entry(d.gpu.gpu_uuid.clone()).or_default();
+                        let claim = format!("{}/{}", entry.namespace, entry.name);
+                        if !claims.contains(&claim) {
+                            claims.push(claim);
+                        }
+                    }
+                }
+            }
+            by_gpu
+        });
+        consumers
     }
 
     fn completed(checkpoint: &Checkpoint, uid: &str) -> Option<Vec<PreparedDevice>> {

@@ -28,6 +28,8 @@ pub struct Ledger {
     written: tokio::sync::Mutex<Version>,
     store: CheckpointStore,
     writes: AtomicUsize,
+    /// The version of the last change, for those who follow the claim table.
+    changes: tokio::sync::watch::Sender<Version>,
 }
 
 impl Ledger {
@@ -41,7 +43,13 @@ impl Ledger {
             written: tokio::sync::Mutex::new(0),
             store,
             writes: AtomicUsize::new(0),
+            changes: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Follows changes of the table (in memory, before they are committed).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Version> {
+        self.changes.subscribe()
     }
 
     fn lock(&self) -> MutexGuard<'_, Current> {
@@ -60,6 +68,7 @@ impl Ledger {
         let mut current = self.lock();
         let result = f(&mut current.checkpoint);
         current.version += 1;
+        self.changes.send_replace(current.version);
         (result, current.version)
     }
 

@@ -27,6 +27,7 @@ pub mod health;
 pub mod ledger;
 pub mod metrics;
 pub mod opaque;
+pub mod physical_gpus;
 pub mod prefetch;
 pub mod proto;
 pub mod publish;

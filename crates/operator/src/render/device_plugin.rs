@@ -102,8 +102,9 @@ pub fn device_plugin(
             .push(config.volume());
     }
     let pod = json!({
-        // The plugin talks to the kubelet only, never to the API.
-        "automountServiceAccountToken": false,
+        // The API is used for the node's PhysicalGPUs only (confined to the node by the
+        // operator's admission policy).
+        "serviceAccountName": o::DEVICE_PLUGIN_SERVICE_ACCOUNT,
         "nodeSelector": {l::DEPLOY_DEVICE_PLUGIN: "true"},
         "affinity": gpu_node_affinity(),
         "imagePullSecrets": pull_secrets(pull_secret_names),

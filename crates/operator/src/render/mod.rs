@@ -139,6 +139,7 @@ pub fn desired(spec: &GPUClusterSpec, inputs: &Inputs<'_>) -> Desired {
     };
     push(Ok(classes::device_classes(spec, inputs.facts)));
     push(Ok(policy::resource_slice_policy(inputs.namespace)));
+    push(Ok(policy::physical_gpu_policy(inputs.namespace)));
     push(plugin::kubelet_plugin(spec, inputs));
     push(device_plugin::device_plugin(spec, inputs));
     push(validator::validator(spec, inputs));

@@ -1,4 +1,5 @@
-//! The admission policy that confines each kubelet plugin to its own node's ResourceSlices.
+//! The admission policies that confine each node's plugins to their own node's ResourceSlices
+//! and PhysicalGPUs.
 
 use api::contract::{COMPUTE_DOMAIN_DRIVER_NAME, DRIVER_NAME, objects as o};
 use serde_json::json;
@@ -46,6 +47,59 @@ pub fn resource_slice_policy(namespace: &str) -> Vec<Object> {
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": cluster_meta(o::RESOURCESLICE_POLICY, "dra-driver"),
         "spec": {"policyName": o::RESOURCESLICE_POLICY, "validationActions": ["Deny"]},
+    });
+    vec![
+        Object::Policy(typed(policy)),
+        Object::PolicyBinding(typed(binding)),
+    ]
+}
+
+/// A ValidatingAdmissionPolicy and its binding: the kubelet plugin's and the device plugin's
+/// ServiceAccounts may create, update or delete only PhysicalGPUs of the node their token was
+/// issued for: `status.node`, the node label and the name all name it.
+pub fn physical_gpu_policy(namespace: &str) -> Vec<Object> {
+    let users: Vec<String> = [
+        o::KUBELET_PLUGIN_SERVICE_ACCOUNT,
+        o::DEVICE_PLUGIN_SERVICE_ACCOUNT,
+    ]
+    .iter()
+    .map(|sa| format!("'system:serviceaccount:{namespace}:{sa}'"))
+    .collect();
+    let node_label = api::physicalgpu::NODE_LABEL;
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": cluster_meta(o::PHYSICALGPU_POLICY, "dra-driver"),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [api::gpuclass::GROUP], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["physicalgpus"]}]},
+            "matchConditions": [{"name": "is-node-plugin",
+                "expression": format!("request.userInfo.username in [{}]", users.join(", "))}],
+            "variables": [
+                {"name": "userNodeName", "expression":
+                    "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"},
+                {"name": "target", "expression":
+                    "request.operation == 'DELETE' ? oldObject : object"},
+                {"name": "objectNodeName", "expression":
+                    "variables.target.?status.?node.orValue('')"},
+                {"name": "labelNodeName", "expression":
+                    format!("variables.target.metadata.?labels[?'{node_label}'].orValue('')")},
+            ],
+            "validations": [
+                {"expression": "variables.userNodeName != ''",
+                 "message": "the plugin's token carries no node name; it must run in a pod bound to a node (ServiceAccountTokenPodNodeInfo)"},
+                {"expression": "variables.objectNodeName == variables.userNodeName && variables.labelNodeName == variables.userNodeName && variables.target.metadata.name.startsWith(variables.userNodeName + '-')",
+                 "messageExpression": "'this plugin runs on node ' + variables.userNodeName + ' and may only write PhysicalGPUs of that node, not ' + variables.target.metadata.name + ' of ' + (variables.objectNodeName == '' ? 'no node' : variables.objectNodeName)"},
+            ],
+        },
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": cluster_meta(o::PHYSICALGPU_POLICY, "dra-driver"),
+        "spec": {"policyName": o::PHYSICALGPU_POLICY, "validationActions": ["Deny"]},
     });
     vec![
         Object::Policy(typed(policy)),

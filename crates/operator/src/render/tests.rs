@@ -57,6 +57,8 @@ fn default_spec_renders_every_default_operand() {
             "DeviceClass/compute-domain-default-channel.nvidia.com",
             "ValidatingAdmissionPolicy/resourceslices-policy-nvidia-dra-driver",
             "ValidatingAdmissionPolicyBinding/resourceslices-policy-nvidia-dra-driver",
+            "ValidatingAdmissionPolicy/physicalgpus-policy-gpu-operator",
+            "ValidatingAdmissionPolicyBinding/physicalgpus-policy-gpu-operator",
             "DaemonSet/nvidia-dra-driver-kubelet-plugin",
             "Deployment/nvidia-dra-driver-controller",
             "DaemonSet/nvidia-device-plugin-daemonset",
