@@ -42,3 +42,4 @@ echo "| gpu-kubelet-plugin, 8 mock A100s, local cluster | |"
 echo "|---|---|"
 python3 hack/bench-health.py "$WORK/host/usr/lib/x86_64-linux-gnu/mock-nvml.json" gpu-node-0 \
   "${BENCH_HEALTH_ROUNDS:-20}" "${BENCH_IDLE_SECONDS:-300}"
+echo "| gpu-kubelet-plugin VmRSS after the idle period | $(awk '/^VmRSS/ {printf "%.1f MiB", $2 / 1024}' "/proc/$PID/status") |"

@@ -211,7 +211,8 @@ impl<C: ClaimSource> Driver<C> {
         self.ledger.subscribe()
     }
 
-    /// The prepared claims of each physical GPU (by UUID), as `<namespace>/<name>`.
+    /// The prepared claims of each physical GPU (by UUID), as `<namespace>/<name>`. Claims with
+    /// admin access (monitoring, such as the DCGM exporter's) only watch a GPU and are left out.
     pub fn consumers(&self) -> BTreeMap<String, Vec<String>> {
         let (consumers, _) = self.ledger.read(|checkpoint| {
             let mut by_gpu: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -219,7 +220,7 @@ impl<C: ClaimSource> Driver<C> {
                 if entry.state != ClaimState::PrepareCompleted {
                     continue;
                 }
-                for device in &entry.devices {
+                for device in entry.devices.iter().filter(|d| !d.admin_access) {
                     if let Some(d) = self.table.devices.get(&device.device) {
                         let claims = by_gpu.entry(d.gpu.gpu_uuid.clone()).or_default();
                         let claim = format!("{}/{}", entry.namespace, entry.name);
@@ -646,10 +647,22 @@ mod tests {
             serde_json::json!([]),
         ));
         let (d, _) = driver(dir.path(), &claims);
+        let changes = d.claim_changes();
         let answers = d
             .prepare(vec![cref("user", "u1"), cref("monitor", "u2")])
             .await;
         assert!(answers.values().all(Result::is_ok), "{answers:?}");
+        // The GPU's users (its PhysicalGPU's) are the exclusive claim, not the monitor.
+        assert!(
+            changes.has_changed().unwrap(),
+            "a prepare is a change of users"
+        );
+        let users: Vec<Vec<String>> = d.consumers().into_values().collect();
+        assert_eq!(users.len(), 1, "{users:?}");
+        assert!(
+            users[0].len() == 1 && users[0][0].ends_with("/user"),
+            "{users:?}"
+        );
     }
 
     #[tokio::test]
