@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{self, finalizer};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
@@ -63,7 +63,10 @@ fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
 struct Context {
     client: kube::Client,
     features: Arc<FeatureCache>,
+    /// The published devices of our driver, as a watch keeps them.
     slices: Store<ResourceSlice>,
+    /// The derived DeviceClasses, as a watch keeps them.
+    device_classes: Store<DeviceClass>,
     recorder: Recorder,
 }
 
@@ -100,16 +103,15 @@ impl Context {
         }
     }
 
-    /// The DeviceClasses derived from the class named `class`.
-    async fn derived(&self, class: &str) -> Result<Vec<DeviceClass>, Error> {
-        let selector = format!("{CLASS_LABEL}={class}");
-        Ok(Api::<DeviceClass>::all(self.client.clone())
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(api_err(format!(
-                "listing the DeviceClasses of GPUClass {class}"
-            )))?
-            .items)
+    /// The names of the DeviceClasses derived from the class named `class`.
+    async fn derived(&self, class: &str) -> Vec<String> {
+        self.device_classes.wait_until_ready().await.ok();
+        self.device_classes
+            .state()
+            .iter()
+            .filter(|c| c.labels().get(CLASS_LABEL).map(String::as_str) == Some(class))
+            .map(|c| c.name_any())
+            .collect()
     }
 }
 
@@ -173,15 +175,24 @@ async fn apply(ctx: &Context, class: &GPUClass) -> Result<Action, Error> {
     };
     let extended_resources = ctx.extended_resources().await?;
     let classes: Api<DeviceClass> = Api::all(ctx.client.clone());
+    ctx.device_classes.wait_until_ready().await.ok();
     for variant in &variants {
         let want = render::device_class(class, variant, extended_resources);
-        let live = classes
-            .get_opt(&variant.device_class)
-            .await
-            .map_err(api_err(format!(
-                "reading DeviceClass {}",
-                variant.device_class
-            )))?;
+        // The watch's copy of ours; one not derived from a class is not in the watch, so an
+        // absent one is looked up before it is created.
+        let cached = ctx
+            .device_classes
+            .get(&ObjectRef::new(&variant.device_class));
+        let live = match cached {
+            Some(live) => Some((*live).clone()),
+            None => classes
+                .get_opt(&variant.device_class)
+                .await
+                .map_err(api_err(format!(
+                    "reading DeviceClass {}",
+                    variant.device_class
+                )))?,
+        };
         if let Some(live) = &live {
             if live.labels().get(CLASS_LABEL) != Some(&class.name_any()) {
                 let invalid = Invalid {
@@ -214,7 +225,7 @@ async fn apply(ctx: &Context, class: &GPUClass) -> Result<Action, Error> {
     }
     prune(ctx, class, &variants).await?;
     ctx.slices.wait_until_ready().await.ok();
-    let slices: Vec<ResourceSlice> = ctx.slices.state().iter().map(|s| (**s).clone()).collect();
+    let slices = ctx.slices.state();
     let status = render::status(class, &variants, extended_resources, &slices, now);
     ctx.write_status(class, status).await?;
     Ok(Action::await_change())
@@ -246,19 +257,17 @@ async fn refuse(
 async fn prune(ctx: &Context, class: &GPUClass, variants: &[Variant]) -> Result<(), Error> {
     let stale: Vec<String> = ctx
         .derived(&class.name_any())
-        .await?
-        .iter()
-        .map(ResourceExt::name_any)
+        .await
+        .into_iter()
         .filter(|name| !variants.iter().any(|v| &v.device_class == name))
         .collect();
     for name in stale {
-        let (claims, total) = claims_using(&ctx.client, std::slice::from_ref(&name), 5).await?;
+        let (_, total) = claims_using(&ctx.client, std::slice::from_ref(&name), 0).await?;
         if total > 0 {
             tracing::info!(device_class = %name, claims = total, "kept: claims use it");
             continue;
         }
         delete_device_class(ctx, &name).await?;
-        debug_assert!(claims.is_empty());
     }
     Ok(())
 }
@@ -279,12 +288,7 @@ async fn delete_device_class(ctx: &Context, name: &str) -> Result<(), Error> {
 
 /// A deleted class: its DeviceClasses go once no claim uses them.
 async fn release(ctx: &Context, class: &GPUClass) -> Result<Action, Error> {
-    let names: Vec<String> = ctx
-        .derived(&class.name_any())
-        .await?
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
+    let names = ctx.derived(&class.name_any()).await;
     let (claims, total) = claims_using(&ctx.client, &names, 5).await?;
     if total > 0 {
         let mut shown = claims;
@@ -327,29 +331,34 @@ pub(crate) async fn run(client: kube::Client, features: Arc<FeatureCache>, recor
     .default_backoff()
     .touched_objects()
     .filter_map(|r| async move { r.ok().map(|_| ()) });
+    let (device_classes, writer) = reflector::store();
+    let derived_changes = reflector::reflector(
+        writer,
+        watcher(
+            Api::<DeviceClass>::all(client.clone()),
+            watcher::Config::default().labels(CLASS_LABEL),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
     let ctx = Arc::new(Context {
         client: client.clone(),
         features,
         slices,
+        device_classes,
         recorder,
     });
-    Controller::new(
-        Api::<GPUClass>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<DeviceClass>::all(client),
-        watcher::Config::default().labels(CLASS_LABEL),
-    )
-    .reconcile_all_on(slice_changes)
-    .with_config(Config::default().debounce(Duration::from_millis(500)))
-    .run(reconcile, error_policy, ctx)
-    .for_each(|result| async move {
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "GPUClass reconcile");
-        }
-    })
-    .await;
+    Controller::new(Api::<GPUClass>::all(client), watcher::Config::default())
+        .owns_stream(derived_changes)
+        .reconcile_all_on(slice_changes)
+        .with_config(Config::default().debounce(Duration::from_millis(500)))
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "GPUClass reconcile");
+            }
+        })
+        .await;
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Pure: the DeviceClasses a `GPUClass` derives, and the status that reports them.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use api::GPUClass;
 use api::gpuclass::{CLASS_LABEL, GPUClassStatus, VariantStatus};
@@ -59,7 +60,7 @@ pub fn up_to_date(live: &DeviceClass, want: &DeviceClass) -> bool {
 }
 
 /// Devices and nodes of `slices` that `variant` matches.
-fn matched(variant: &Variant, slices: &[ResourceSlice]) -> (i64, i64) {
+fn matched(variant: &Variant, slices: &[Arc<ResourceSlice>]) -> (i64, i64) {
     let mut devices = 0;
     let mut nodes = BTreeSet::new();
     for slice in slices {
@@ -108,7 +109,7 @@ pub fn status(
     class: &GPUClass,
     variants: &[Variant],
     extended_resources: bool,
-    slices: &[ResourceSlice],
+    slices: &[Arc<ResourceSlice>],
     now: Timestamp,
 ) -> GPUClassStatus {
     let generation = class.metadata.generation;

@@ -1,6 +1,8 @@
 //! Derived DeviceClasses (snapshots) and what the status counts, on the slices the kubelet
 //! plugin publishes for the mock GPUs (its own snapshots).
 
+use std::sync::Arc;
+
 use api::GPUClass;
 use jiff::Timestamp;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -32,7 +34,7 @@ fn published(snapshot: &str, node: &str) -> Vec<ResourceSlice> {
     slices
 }
 
-fn cluster() -> Vec<ResourceSlice> {
+fn cluster() -> Vec<Arc<ResourceSlice>> {
     let mut slices = published(
         include_str!("../../../kubelet-plugin/tests/snapshots/slices_from_mock__eight_a100s.snap"),
         "node-a",
@@ -47,7 +49,7 @@ fn cluster() -> Vec<ResourceSlice> {
         include_str!("../../../kubelet-plugin/tests/snapshots/slices_from_mock__one_l4.snap"),
         "node-c",
     ));
-    slices
+    slices.into_iter().map(Arc::new).collect()
 }
 
 fn a100_whole_and_mig() -> GPUClass {
