@@ -854,6 +854,14 @@ async fn nothing_left_behind(env: &Env, admin: &kube::Client) -> anyhow::Result<
                 .items
                 .len(),
         ),
+        (
+            "PhysicalGPUs",
+            Api::<api::physicalgpu::PhysicalGPU>::all(admin.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+                .len(),
+        ),
     ];
     for (kind, count) in left {
         ensure!(count == 0, "helm uninstall left {count} {kind}");

@@ -935,8 +935,8 @@ no_entries() {
   done
 }
 if wait_until 120 ns_empty && wait_until 60 no_specs && wait_until 60 no_entries &&
-  [[ -z "$(k get gpucluster --no-headers 2>/dev/null)" ]]; then
-  pass "helm uninstall in $((SECONDS - t0))s leaves no pod, claim, GPUCluster, CDI spec or checkpoint entry"
+  [[ -z "$(k get gpucluster --no-headers 2>/dev/null)" && -z "$(k get physicalgpu --no-headers 2>/dev/null)" ]]; then
+  pass "helm uninstall in $((SECONDS - t0))s leaves no pod, claim, GPUCluster, PhysicalGPU, CDI spec or checkpoint entry"
 else
-  fail "after uninstall: $(k -n "$GNS" get pods,resourceclaims --no-headers 2>&1 | tr '\n' ';') specs: $(find "$CLUSTER_DIR"/nodes/real-gpu-*/run/cdi/ -type f 2>&1 | tr '\n' ' ')"
+  fail "after uninstall: $(k -n "$GNS" get pods,resourceclaims --no-headers 2>&1 | tr '\n' ';') PhysicalGPUs: $(k get physicalgpu --no-headers 2>&1 | wc -l) specs: $(find "$CLUSTER_DIR"/nodes/real-gpu-*/run/cdi/ -type f 2>&1 | tr '\n' ' ')"
 fi
