@@ -7,6 +7,8 @@
 //! product's slug ([`device_slug`]: `NVIDIA A100-SXM4-40GB` is `a100-sxm4-40gb`) and
 //! `gpu-operator-rs.dev/architecture` the architecture's (`Ada Lovelace` is `ada-lovelace`).
 
+pub mod variants;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -49,6 +51,9 @@ pub const FINALIZER: &str = "gpu-operator-rs.dev/device-classes";
         .message("metadata.name: a GPUClass name is a DNS label of at most 40 characters (lower-case letters, digits, '-'): it becomes part of DeviceClass and extended-resource names"),
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.variants) || !has(self.variants.shared) || !has(self.variants.shared.memory) || !has(self.selector.minMemory) || quantity(self.variants.shared.memory).compareTo(quantity(self.selector.minMemory)) <= 0")
+    .message(kube::core::Message::Expression("'a share of ' + self.variants.shared.memory + ' is larger than the card: the selector admits cards of ' + self.selector.minMemory + ' (selector.minMemory); ask for less memory per share, or raise minMemory'".into()))
+    .field_path(".variants.shared.memory"))]
 pub struct GPUClassSpec {
     /// Which GPUs the class offers. Every criterion given must hold; at least one is required.
     pub selector: GpuSelector,
@@ -99,8 +104,8 @@ pub struct GpuSelector {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "has(self.whole) || has(self.mig)",
-     "message": "no variant: offer whole cards (whole: {}), MIG partitions (mig: {profiles: [...]}) or both"},
+    {"rule": "has(self.whole) || has(self.mig) || has(self.shared)",
+     "message": "no variant: offer whole cards (whole: {}), MIG partitions (mig: {profiles: [...]}), shares of cards (shared: {shares: 4}) or several"},
 ]))]
 pub struct Variants {
     /// Whole cards not in MIG mode.
@@ -109,6 +114,9 @@ pub struct Variants {
     /// MIG partitions of the given profiles, each its own DeviceClass and extended resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigVariant>,
+    /// Shares of whole cards: several pods on one card, which then serves no whole-card claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedVariant>,
 }
 
 impl Default for Variants {
@@ -116,6 +124,7 @@ impl Default for Variants {
         Variants {
             whole: Some(WholeVariant::default()),
             mig: None,
+            shared: None,
         }
     }
 }
@@ -126,18 +135,7 @@ impl Default for Variants {
 pub struct WholeVariant {
     /// The extended resource pods ask for; `gpu-operator-rs.dev/<class>` when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(
-        regex(
-            pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-        ),
-        length(max = 253)
-    )]
-    #[schemars(extend("x-kubernetes-validations" = [
-        {"rule": "!self.startsWith('nvidia.com/') && !self.startsWith('kubernetes.io/') && !self.startsWith('requests.')",
-         "message": "nvidia.com/ and kubernetes.io/ names are taken; use a domain of your own, e.g. example.com/a100"},
-        {"rule": "size(self.split('/')[1]) <= 63", "message": "the name after '/' is at most 63 characters"},
-    ]))]
-    pub extended_resource_name: Option<String>,
+    pub extended_resource_name: Option<ExtendedResourceName>,
 }
 
 /// MIG partitions.
@@ -152,6 +150,68 @@ pub struct MigVariant {
          "message": "not a MIG profile: profiles are named like 1g.10gb, 3g.40gb or 1g.10gb+me (nvidia-smi mig -lgip lists a GPU's)"},
     ]))]
     pub profiles: Vec<String>,
+}
+
+/// Shares of whole cards. A card serves `shares` pods at once, or as many as `memory` fits;
+/// while one share is out the card serves no whole-card claim, and the scheduler decides.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.shares) != has(self.memory)",
+     "message": "give shares (pods per card, e.g. shares: 4) or memory (memory per pod, e.g. memory: 10Gi), one of the two"},
+]))]
+pub struct SharedVariant {
+    /// Pods one card serves at once, 2 to 64; each is counted for an equal part of its memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self >= 2 && self <= 64",
+         "message": "shares is how many pods one card serves, 2 to 64: fewer than 2 is a share as large as the card or larger (offer whole: {} for that)"},
+    ]))]
+    pub shares: Option<i32>,
+    /// Memory each pod is counted for, e.g. `10Gi`; a card serves as many pods as fit in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",
+         "message": "must be a positive quantity such as 10Gi"},
+    ]))]
+    pub memory: Option<String>,
+    /// How the pods share the card: `TimeSlicing` (the default) or `MPS` (the CUDA Multi-Process
+    /// Service; each pod gets its part of the compute and memory as limits).
+    #[serde(default)]
+    pub strategy: SharingStrategy,
+    /// The extended resource pods ask for; `gpu-operator-rs.dev/<class>-shared` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extended_resource_name: Option<ExtendedResourceName>,
+}
+
+/// An extended resource a class names for a variant instead of the derived one, e.g.
+/// `example.com/inference`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct ExtendedResourceName(
+    #[schemars(
+        regex(
+            pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+        ),
+        length(max = 253)
+    )]
+    #[schemars(extend("x-kubernetes-validations" = [
+            {"rule": "!self.startsWith('nvidia.com/') && !self.startsWith('kubernetes.io/') && !self.startsWith('requests.')",
+             "message": "nvidia.com/ and kubernetes.io/ names are taken; use a domain of your own, e.g. example.com/a100"},
+            {"rule": "size(self.split('/')[1]) <= 63", "message": "the name after '/' is at most 63 characters"},
+        ]))]
+    pub String,
+);
+
+/// How pods share a card, as the driver's `GpuConfig.sharing.strategy` names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SharingStrategy {
+    /// The GPU's time-slicing between processes.
+    #[default]
+    TimeSlicing,
+    /// The CUDA Multi-Process Service.
+    #[serde(rename = "MPS")]
+    Mps,
 }
 
 /// What the operator made of a class.
@@ -183,7 +243,7 @@ pub struct GPUClassStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VariantStatus {
-    /// `whole`, or `mig-<profile>`.
+    /// `whole`, `mig-<profile>` or `shared`.
     pub name: String,
     /// Its DeviceClass.
     pub device_class_name: String,

@@ -26,9 +26,8 @@ use crate::controller::publish_event;
 use crate::features::{Feature, Probe};
 
 pub mod render;
-pub mod variants;
 
-use variants::{Invalid, Variant};
+use api::gpuclass::variants::{self, Invalid, Variant};
 
 /// Field manager of the controller's writes.
 const FIELD_MANAGER: &str = "gpu-operator";

@@ -4,15 +4,18 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use api::GPUClass;
-use api::gpuclass::{CLASS_LABEL, GPUClassStatus, VariantStatus};
+use api::contract::DRIVER_NAME;
+use api::gpuclass::{CLASS_LABEL, GPUClassStatus, SharingStrategy, VariantStatus};
 use jiff::Timestamp;
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector, ResourceSlice,
+    CELDeviceSelector, DeviceClass, DeviceClassConfiguration, DeviceClassSpec, DeviceSelector,
+    OpaqueDeviceConfiguration, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::{Resource, ResourceExt};
 
-use super::variants::{Invalid, Variant};
+use api::gpuclass::variants::{Invalid, Variant};
 
 /// `app.kubernetes.io/managed-by` of derived DeviceClasses (not the GPUCluster's `gpu-operator`,
 /// so the GPUCluster controller neither watches nor prunes them).
@@ -43,8 +46,25 @@ pub fn device_class(class: &GPUClass, variant: &Variant, extended_resources: boo
                 }),
             }]),
             extended_resource_name: extended_resources.then(|| variant.extended_resource.clone()),
-            ..DeviceClassSpec::default()
+            config: variant
+                .sharing
+                .map(|strategy| vec![sharing_config(strategy)]),
         },
+    }
+}
+
+/// The driver's opaque `GpuConfig` that tells the plugin how the pods on a shared card are kept
+/// apart; each pod's part of the card comes from the capacity its claim consumed.
+fn sharing_config(strategy: SharingStrategy) -> DeviceClassConfiguration {
+    DeviceClassConfiguration {
+        opaque: Some(OpaqueDeviceConfiguration {
+            driver: DRIVER_NAME.to_owned(),
+            parameters: RawExtension(serde_json::json!({
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": strategy},
+            })),
+        }),
     }
 }
 

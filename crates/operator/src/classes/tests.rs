@@ -9,7 +9,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::json;
 
 use super::render::{self, device_class};
-use super::variants::{self, Invalid};
+use api::gpuclass::variants::{self, Invalid};
 
 fn class(spec: serde_json::Value) -> GPUClass {
     serde_json::from_value(json!({
@@ -185,4 +185,30 @@ fn a_class_the_schema_let_through_is_refused_naming_the_field() {
     let status = render::invalid_status(&class, &err, Timestamp::UNIX_EPOCH);
     assert_eq!(status.conditions[0].reason, "InvalidSpec");
     assert!(status.device_class_names.is_empty());
+}
+
+#[test]
+fn a_shared_variant_derives_a_device_class_of_shares_with_the_sharing_config() {
+    let class = class(json!({
+        "selector": {"matchLabels": {"gpu-operator-rs.dev/device": "a100-sxm4-40gb"}},
+        "variants": {"whole": {}, "shared": {"shares": 4, "strategy": "MPS"}},
+    }));
+    let variants = variants::variants(&class).unwrap();
+    let shared = variants.iter().find(|v| v.name == "shared").unwrap();
+    insta::assert_yaml_snapshot!(device_class(&class, shared, true));
+    let offer = variants::shared_offer(&class).unwrap().unwrap();
+    assert_eq!(offer.size, variants::ShareSize::Count(4));
+    // A 40 GiB card in four: 10 GiB each; a fifth does not fit.
+    assert_eq!(offer.share_bytes(40 << 30), Some(10 << 30));
+    let by_memory = self::class(json!({
+        "selector": {"productNames": ["NVIDIA A100-SXM4-40GB"]},
+        "variants": {"shared": {"memory": "50Gi"}},
+    }));
+    let offer = variants::shared_offer(&by_memory).unwrap().unwrap();
+    assert_eq!(
+        offer.share_bytes(40 << 30),
+        None,
+        "a share larger than the card"
+    );
+    assert_eq!(offer.share_bytes(80 << 30), Some(50 << 30));
 }

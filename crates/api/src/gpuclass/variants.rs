@@ -5,16 +5,15 @@
 
 use std::collections::BTreeMap;
 
-use api::GPUClass;
-use api::contract::DRIVER_NAME;
-use api::gpuclass::{ARCHITECTURE_LABEL, DEVICE_LABEL, GROUP, device_slug};
+use super::{ARCHITECTURE_LABEL, DEVICE_LABEL, GPUClass, GROUP, SharingStrategy, device_slug};
+use crate::contract::DRIVER_NAME;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use kube::ResourceExt;
 
 /// One offering of a class: a whole card or one MIG profile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Variant {
-    /// `whole`, or `mig-<profile>`.
+    /// `whole`, `mig-<profile>` or `shared`.
     pub name: String,
     /// The derived DeviceClass.
     pub device_class: String,
@@ -22,13 +21,17 @@ pub struct Variant {
     pub extended_resource: String,
     /// What a device must be; all must hold.
     pub criteria: Vec<Criterion>,
+    /// For shares, how the pods on one card are kept apart.
+    pub sharing: Option<SharingStrategy>,
 }
 
 /// One condition on a device of the `gpu.nvidia.com` driver.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Criterion {
-    /// The `type` attribute: `gpu` or `mig`.
+    /// The `type` attribute: `gpu`, `mig` or `shared`.
     Type(&'static str),
+    /// The `gpuClass` attribute of a share: the class it was published for.
+    GpuClass(String),
     /// The MIG `profile` attribute.
     Profile(String),
     /// The product's slug ([`device_slug`] of `productName`).
@@ -74,6 +77,7 @@ impl Criterion {
         match self {
             Criterion::Type(kind) => format!("{ATTRIBUTES}.type == {}", literal(kind)),
             Criterion::Profile(p) => format!("{ATTRIBUTES}.profile == {}", literal(p)),
+            Criterion::GpuClass(c) => format!("{ATTRIBUTES}.gpuClass == {}", literal(c)),
             Criterion::DeviceSlug(s) => format!("{} == {}", slug_cel("productName"), literal(s)),
             Criterion::ArchitectureSlug(s) => {
                 format!("{} == {}", slug_cel("architecture"), literal(s))
@@ -98,6 +102,7 @@ impl Criterion {
         match self {
             Criterion::Type(kind) => string("type") == Some(kind),
             Criterion::Profile(p) => string("profile") == Some(p.as_str()),
+            Criterion::GpuClass(c) => string("gpuClass") == Some(c.as_str()),
             Criterion::DeviceSlug(s) => string("productName").map(device_slug).as_ref() == Some(s),
             Criterion::ArchitectureSlug(s) => {
                 string("architecture").map(device_slug).as_ref() == Some(s)
@@ -198,8 +203,8 @@ fn profile_part(profile: &str) -> String {
     profile.replace('+', "-")
 }
 
-/// The variants of `class`, whole first, then MIG profiles in the order given.
-pub fn variants(class: &GPUClass) -> Result<Vec<Variant>, Invalid> {
+/// The selector's criteria, which every variant of `class` shares.
+fn common_criteria(class: &GPUClass) -> Result<Vec<Criterion>, Invalid> {
     let name = class.name_any();
     let selector = &class.spec.selector;
     let invalid = |field, reason: String| Invalid {
@@ -251,6 +256,13 @@ pub fn variants(class: &GPUClass) -> Result<Vec<Variant>, Invalid> {
             "the selector is empty; name the GPUs the class offers".into(),
         ));
     }
+    Ok(common)
+}
+
+/// The variants of `class`: whole first, then MIG profiles in the order given, then shares.
+pub fn variants(class: &GPUClass) -> Result<Vec<Variant>, Invalid> {
+    let name = class.name_any();
+    let common = common_criteria(class)?;
     let mut out = Vec::new();
     if let Some(whole) = &class.spec.variants.whole {
         let mut criteria = vec![Criterion::Type("gpu")];
@@ -260,9 +272,11 @@ pub fn variants(class: &GPUClass) -> Result<Vec<Variant>, Invalid> {
             device_class: device_class_name(&name, "whole"),
             extended_resource: whole
                 .extended_resource_name
-                .clone()
+                .as_ref()
+                .map(|n| n.0.clone())
                 .unwrap_or_else(|| format!("{GROUP}/{name}")),
             criteria,
+            sharing: None,
         });
     }
     for profile in class.spec.variants.mig.iter().flat_map(|m| &m.profiles) {
@@ -274,15 +288,114 @@ pub fn variants(class: &GPUClass) -> Result<Vec<Variant>, Invalid> {
             extended_resource: format!("{GROUP}/{name}-{variant}"),
             name: variant,
             criteria,
+            sharing: None,
+        });
+    }
+    if let Some(shared) = &class.spec.variants.shared {
+        let mut criteria = vec![Criterion::Type("shared"), Criterion::GpuClass(name.clone())];
+        criteria.extend(common.iter().cloned());
+        out.push(Variant {
+            name: "shared".into(),
+            device_class: device_class_name(&name, "shared"),
+            extended_resource: shared
+                .extended_resource_name
+                .as_ref()
+                .map(|n| n.0.clone())
+                .unwrap_or_else(|| format!("{GROUP}/{name}-shared")),
+            criteria,
+            sharing: Some(shared.strategy),
         });
     }
     if out.is_empty() {
-        return Err(invalid(
-            "variants",
-            "no variant; offer whole cards (whole: {}) or MIG partitions".into(),
-        ));
+        return Err(Invalid {
+            class: name,
+            field: "variants",
+            reason: "no variant; offer whole cards (whole: {}), MIG partitions or shares".into(),
+        });
     }
     Ok(out)
+}
+
+/// How large one share of a card is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShareSize {
+    /// The card's memory split this many ways.
+    Count(u32),
+    /// This many bytes each.
+    Memory(u128),
+}
+
+/// What a node's plugin needs of a class with a `shared` variant to publish its shares: which
+/// of its cards qualify and how large a share is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedOffer {
+    /// The class.
+    pub class: String,
+    /// What a whole card must be to be shared (the class's selector on `type == 'gpu'`).
+    pub criteria: Vec<Criterion>,
+    /// The size of one share.
+    pub size: ShareSize,
+    /// The isolation between the pods.
+    pub strategy: SharingStrategy,
+}
+
+/// The shares `class` offers, if it has a `shared` variant.
+pub fn shared_offer(class: &GPUClass) -> Result<Option<SharedOffer>, Invalid> {
+    let Some(shared) = &class.spec.variants.shared else {
+        return Ok(None);
+    };
+    let name = class.name_any();
+    let invalid = |field, reason: String| Invalid {
+        class: name.clone(),
+        field,
+        reason,
+    };
+    let size = match (shared.shares, &shared.memory) {
+        (Some(n), None) if (2..=64).contains(&n) => ShareSize::Count(n.unsigned_abs()),
+        (None, Some(text)) => {
+            ShareSize::Memory(quantity_bytes(text).filter(|b| *b > 0).ok_or_else(|| {
+                invalid(
+                    "variants.shared.memory",
+                    format!("{text} is not a positive quantity such as 10Gi"),
+                )
+            })?)
+        }
+        _ => {
+            return Err(invalid(
+                "variants.shared",
+                "give shares (2 to 64 pods per card) or memory (per pod), one of the two".into(),
+            ));
+        }
+    };
+    let mut criteria = vec![Criterion::Type("gpu")];
+    criteria.extend(common_criteria(class)?);
+    Ok(Some(SharedOffer {
+        class: name,
+        criteria,
+        size,
+        strategy: shared.strategy,
+    }))
+}
+
+impl SharedOffer {
+    /// Whether a published whole card (a device of our driver) is one the class shares.
+    pub fn admits(&self, card: &Device) -> bool {
+        self.criteria.iter().all(|c| c.matches(card))
+    }
+
+    /// The bytes of one share of a card of `card_bytes`: the card split `n` ways (rounded down
+    /// to a MiB), or the class's memory; `None` when not even one share fits the card.
+    pub fn share_bytes(&self, card_bytes: u64) -> Option<u64> {
+        const MIB: u64 = 1 << 20;
+        let bytes = match self.size {
+            ShareSize::Count(n) => {
+                let part = card_bytes / u64::from(n.max(1));
+                if part >= MIB { part / MIB * MIB } else { part }
+            }
+            ShareSize::Memory(b) => u64::try_from(b).ok()?,
+        };
+        (bytes > 0 && bytes <= card_bytes).then_some(bytes)
+    }
 }
 
 impl Variant {
