@@ -4,7 +4,8 @@
 //! class's resource gets a claim made by the scheduler and runs, and so does a pod asking a MIG
 //! variant; every card shows as a Ready PhysicalGPU naming the claims that use it; an idle class
 //! and idle PhysicalGPUs are not written; a class being deleted keeps its DeviceClasses while
-//! claims use them.
+//! claims use them; two pods asking a shared variant share one GPU, which no whole-card pod gets
+//! while its shares are out.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -19,7 +20,9 @@ use e2e::{Env, Process, eventually, fresh_namespace, install_product_crds, step}
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -120,6 +123,12 @@ async fn scenario(
         &[operator.log_path.as_path()],
         deletion_waits_for_claims(client, classes),
     )
+    .await?;
+    step(
+        "two pods asking a shared variant share one GPU; a whole-card pod gets the other, never that one",
+        logs,
+        shared_variant_shares_a_gpu(client, classes),
+    )
     .await
 }
 
@@ -168,13 +177,38 @@ async fn bad_classes_are_refused(classes: &Api<GPUClass>) -> anyhow::Result<()> 
             "spec.variants.whole.extendedResourceName",
             "nvidia.com/ and kubernetes.io/ names are taken",
         ),
+        (
+            json!({"selector": {"minMemory": "40Gi"}, "variants": {"shared": {"memory": "48Gi"}}}),
+            "spec.variants.shared.memory",
+            "a share of 48Gi is larger than the card",
+        ),
+        (
+            json!({"selector": {"minMemory": "40Gi"}, "variants": {"shared": {"shares": 1}}}),
+            "spec.variants.shared.shares",
+            "a share as large as the card or larger",
+        ),
+        (
+            json!({"selector": {"minMemory": "40Gi"},
+                   "variants": {"shared": {"shares": 4, "memory": "10Gi"}}}),
+            "spec.variants.shared",
+            "give shares (pods per card",
+        ),
+        (
+            json!({"selector": {"minMemory": "40Gi"},
+                   "variants": {"shared": {"shares": 4, "strategy": "Spatial"}}}),
+            "spec.variants.shared.strategy",
+            "Unsupported value",
+        ),
     ];
+    // Untyped, so values the Rust types cannot hold (an unknown strategy) reach the apiserver.
+    let resource = ApiResource::erase::<GPUClass>(&());
+    let untyped: Api<DynamicObject> = Api::all_with(classes.clone().into_client(), &resource);
     for (spec, field, words) in cases {
-        let object: GPUClass = serde_json::from_value(json!({
+        let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "gpu-operator-rs.dev/v1alpha1", "kind": "GPUClass",
             "metadata": {"name": "bad"}, "spec": spec,
         }))?;
-        let err = classes
+        let err = untyped
             .create(&PostParams::default(), &object)
             .await
             .err()
@@ -535,6 +569,211 @@ async fn deletion_waits_for_claims(
         },
     )
     .await
+}
+
+/// A pod asking one of `resource`.
+fn asking(name: &str, resource: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "cuda", "image": "busybox",
+                "resources": {"limits": {resource: "1"}},
+            }],
+        },
+    }))?)
+}
+
+/// The one allocated result of a running pod's claim: (device, share id).
+async fn running_on(
+    client: &kube::Client,
+    pods: &Api<Pod>,
+    name: &str,
+) -> anyhow::Result<(String, Option<String>)> {
+    let what = format!("pod {name} to run with a claim the scheduler made");
+    let claim = eventually(Duration::from_secs(90), &what, || async {
+        Ok(running_with_claim(client, &pods.get(name).await?)
+            .await
+            .ok())
+    })
+    .await?;
+    let (pool, device) = allocated(&claim)?;
+    ensure!(
+        pool == WHOLE_NODE,
+        "pod {name} got {pool}/{device}, not a card of {WHOLE_NODE}"
+    );
+    let share = claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .and_then(|r| r.into_iter().next())
+        .and_then(|r| r.share_id);
+    Ok((device, share))
+}
+
+/// Whether pod `name` is still unscheduled after a while, the scheduler saying why.
+async fn stays_pending(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
+    let why = eventually(
+        Duration::from_secs(30),
+        &format!("the scheduler to turn pod {name} down"),
+        || async {
+            let pod = pods.get(name).await?;
+            let condition = pod
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                .and_then(|c| c.message.clone());
+            Ok(condition)
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pod = pods.get(name).await?;
+    let node = pod.spec.and_then(|s| s.node_name);
+    ensure!(node.is_none(), "pod {name} was placed on {node:?}");
+    Ok(why)
+}
+
+async fn shared_variant_shares_a_gpu(
+    client: &kube::Client,
+    classes: &Api<GPUClass>,
+) -> anyhow::Result<()> {
+    let class = json!({
+        "apiVersion": "gpu-operator-rs.dev/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {"name": "team"},
+        "spec": {
+            "selector": {"matchLabels": {"gpu-operator-rs.dev/device": "a100-sxm4-40gb"}},
+            "variants": {"whole": {}, "shared": {"shares": 2}},
+        },
+    });
+    classes
+        .patch(
+            "team",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(class),
+        )
+        .await?;
+    let want = [("whole", 2, 1), ("shared", 2, 1)];
+    eventually(
+        Duration::from_secs(60),
+        "GPUClass team to count 2 whole A100s and the 2 A100s published in shares",
+        || async {
+            let status = classes.get("team").await?.status.unwrap_or_default();
+            let rows: Vec<(&str, i64, i64)> = status
+                .variants
+                .iter()
+                .map(|v| (v.name.as_str(), v.devices, v.nodes))
+                .collect();
+            Ok((rows == want).then_some(()))
+        },
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let shared = "gpu-operator-rs.dev/team-shared";
+    let whole = "gpu-operator-rs.dev/team";
+    for name in ["share-1", "share-2"] {
+        pods.create(&PostParams::default(), &asking(name, shared)?)
+            .await?;
+    }
+    let (first, first_share) = running_on(client, &pods, "share-1").await?;
+    let (second, second_share) = running_on(client, &pods, "share-2").await?;
+    ensure!(
+        first == second && first.contains("-shared-team"),
+        "the two shared pods got {first} and {second}, not one GPU's shares"
+    );
+    ensure!(
+        first_share.is_some() && first_share != second_share,
+        "the shares' ids are {first_share:?} and {second_share:?}"
+    );
+    let shared_gpu = first
+        .split("-shared-")
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    pods.create(&PostParams::default(), &asking("whole-1", whole)?)
+        .await?;
+    let (card, _) = running_on(client, &pods, "whole-1").await?;
+    ensure!(
+        card != shared_gpu && !card.contains("shared"),
+        "the whole-card pod got {card}, the GPU whose shares are out is {shared_gpu}"
+    );
+    // Both cards are taken now: one in shares (both out), one whole.
+    pods.create(&PostParams::default(), &asking("whole-2", whole)?)
+        .await?;
+    let why = stays_pending(&pods, "whole-2").await?;
+    eprintln!("whole-2 stays pending: {why}");
+    pods.create(&PostParams::default(), &asking("share-3", shared)?)
+        .await?;
+    let why = stays_pending(&pods, "share-3").await?;
+    eprintln!("share-3 stays pending: {why}");
+    // The shared card's PhysicalGPU names both sharing claims.
+    let gpus: Api<PhysicalGPU> = Api::all(client.clone());
+    eventually(
+        Duration::from_secs(30),
+        "the shared card's PhysicalGPU to name both sharing claims",
+        || async {
+            let both = gpus
+                .list(&ListParams::default().labels(&format!("{NODE_LABEL}={WHOLE_NODE}")))
+                .await?
+                .items
+                .iter()
+                .any(|g| g.status.as_ref().is_some_and(|s| s.consumers.len() == 2));
+            Ok(both.then_some(()))
+        },
+    )
+    .await?;
+    // Once the shares are given back (their pods and claims gone), the card goes whole again.
+    // The waiting pods go first: one the scheduler is binding when deleted can leave its
+    // allocation in the scheduler's memory (seen with kube-scheduler 1.36.3), and a pod that
+    // waited is retried on the scheduler's own clock (a deleted claim does not wake it), so a
+    // new pod asks.
+    let gone = |names: &'static [&'static str]| {
+        let pods = pods.clone();
+        async move {
+            for name in names {
+                pods.delete(name, &DeleteParams::default()).await?;
+            }
+            eventually(Duration::from_secs(60), "the pods to go", || async {
+                let mut left = 0;
+                for name in names {
+                    left += usize::from(pods.get_opt(name).await?.is_some());
+                }
+                Ok((left == 0).then_some(()))
+            })
+            .await
+        }
+    };
+    gone(&["share-3", "whole-2"]).await?;
+    gone(&["share-1", "share-2"]).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    eventually(
+        Duration::from_secs(60),
+        "the shares' pods and claims to go",
+        || async {
+            let left = pods.list(&ListParams::default()).await?.items.len();
+            let shares = claims
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|c| allocated(c).is_ok_and(|(_, d)| d.contains("-shared-")))
+                .count();
+            Ok((left == 1 && shares == 0).then_some(()))
+        },
+    )
+    .await?;
+    pods.create(&PostParams::default(), &asking("whole-3", whole)?)
+        .await?;
+    let (card, _) = running_on(client, &pods, "whole-3").await?;
+    ensure!(
+        card == shared_gpu,
+        "whole-3 got {card}, not the card the shares gave back ({shared_gpu})"
+    );
+    Ok(())
 }
 
 /// Deletes every GPUClass, without the operator if need be.

@@ -259,6 +259,11 @@ pub mod paths {
     pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
     /// Default CDI spec directory.
     pub const CDI_ROOT: &str = "/var/run/cdi";
+    /// Host directory of the MPS control daemons: one per GPU at `<this>/<GPU UUID>`, its
+    /// `CUDA_MPS_PIPE_DIRECTORY`.
+    pub const MPS_ROOT: &str = "/run/nvidia/mps";
+    /// Where a container sharing a GPU through MPS finds its daemon's pipe directory.
+    pub const MPS_PIPE_CTR_PATH: &str = "/tmp/nvidia-mps";
     /// Registration socket file name, inside the kubelet's `plugins_registry`.
     pub const REGISTRATION_SOCKET: &str = "gpu.nvidia.com-reg.sock";
     /// DRA socket path relative to the kubelet's `plugins` directory.

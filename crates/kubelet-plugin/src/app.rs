@@ -17,6 +17,7 @@ use crate::server::{SocketPaths, Sockets};
 use crate::sockets::private_dir;
 use anyhow::Context;
 use api::contract::DRIVER_NAME;
+use api::gpuclass::variants::SharedOffer;
 use gpu_discovery::DriverPaths;
 use gpu_discovery::health::{Change, Severity, Tracker};
 use gpu_discovery::monitor::{self, Observation};
@@ -278,6 +279,7 @@ async fn publish(
     node: String,
     table: Arc<DeviceTable>,
     health: watch::Receiver<HealthView>,
+    offers: watch::Receiver<Vec<SharedOffer>>,
 ) {
     loop {
         let publisher = Publisher::new(
@@ -286,6 +288,7 @@ async fn publish(
             &node,
             Arc::clone(&table),
             health.clone(),
+            offers.clone(),
         );
         match publisher.await {
             Ok(publisher) => return publisher.run().await,
@@ -357,7 +360,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.node_name,
         claims,
         (*table).clone(),
-        CdiWriter::new(&config.cdi_root, &roots).with_procfs_root(&config.procfs_root),
+        CdiWriter::new(&config.cdi_root, &roots)
+            .with_procfs_root(&config.procfs_root)
+            .with_mps_root(&config.mps_root),
         store,
     )
     .context("loading the checkpoint")?;
@@ -384,11 +389,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics,
     ));
     let health_stream = HealthStream::new(Arc::clone(&table), &config.node_name, view_rx.clone());
+    // The GPU classes' shared offers: which GPUs are also published in shares.
+    let (offers_tx, offers_rx) = watch::channel(Vec::new());
+    tokio::spawn(crate::sharing::follow_classes(client.clone(), offers_tx));
     tokio::spawn(publish(
         client.clone(),
         config.node_name.clone(),
         table,
         view_rx.clone(),
+        offers_rx,
     ));
 
     let shutdown = service::shutdown::Shutdown::on_signal();

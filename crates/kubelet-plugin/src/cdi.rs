@@ -10,8 +10,10 @@
 //! The spec is built by a pure function from a [`DriverView`]; [`CdiWriter`] does the I/O and refuses
 //! a claim whose required driver files or MIG capabilities are missing.
 
-use crate::devices::{DeviceKind, NodeDevice};
+use crate::devices::{DeviceKind, NodeDevice, ShareUse};
+use crate::opaque::Strategy;
 use api::contract::cdi::{CLASS, VENDOR};
+use api::contract::paths;
 use gpu_discovery::DriverPaths;
 use gpu_discovery::atomic::{Durability, replace};
 use gpu_discovery::driver_files::{self, CapNode, DriverFiles, Missing, RootTree, Stamp};
@@ -128,6 +130,8 @@ pub struct DriverView {
     pub dev_root: PathBuf,
     /// The `nvidia-caps` nodes of each MIG device, by device name.
     pub mig_caps: BTreeMap<String, Vec<CapNode>>,
+    /// The host directory of the per-GPU MPS control daemons ([`paths::MPS_ROOT`]).
+    pub mps_root: PathBuf,
 }
 
 fn text(path: &Path) -> String {
@@ -257,6 +261,9 @@ pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView)
                     m.profile
                 ));
             }
+            if let DeviceKind::Share(share) = &d.kind {
+                share_edits(d, share, driver, &mut edits);
+            }
             Device {
                 name: device_name(claim_uid, &d.name),
                 container_edits: edits,
@@ -267,6 +274,57 @@ pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView)
     let mut edits = driver_edits(driver);
     edits.env = vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))];
     spec(format!("{VENDOR}/{CLASS}"), cdi_devices, edits)
+}
+
+/// What a share adds: `NVIDIA_DRA_SHARING_<device>` naming the strategy and, for MPS, the
+/// daemon's pipe directory (`<mps root>/<GPU UUID>` at [`paths::MPS_PIPE_CTR_PATH`]) with the
+/// share's part of the card as the client's limits: the active thread percentage and the
+/// pinned device memory.
+fn share_edits(
+    device: &NodeDevice,
+    share: &ShareUse,
+    driver: &DriverView,
+    edits: &mut ContainerEdits,
+) {
+    let strategy = match share.strategy {
+        Strategy::TimeSlicing => "TimeSlicing",
+        Strategy::Mps => "MPS",
+    };
+    edits.env.push(format!(
+        "NVIDIA_DRA_SHARING_{}={strategy}",
+        env_key(&device.name)
+    ));
+    if share.strategy != Strategy::Mps {
+        return;
+    }
+    edits.env.push(format!(
+        "CUDA_MPS_PIPE_DIRECTORY={}",
+        paths::MPS_PIPE_CTR_PATH
+    ));
+    if let (Some(part), Some(card)) = (share.part_bytes, share.card_bytes.filter(|c| *c > 0)) {
+        let percent = (u128::from(part) * 100 / u128::from(card)).clamp(1, 100);
+        edits
+            .env
+            .push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}"));
+    }
+    if let Some(part) = share.part_bytes {
+        edits.env.push(format!(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}M",
+            part >> 20
+        ));
+    }
+    edits.mounts.push(Mount {
+        host_path: text(&mps_pipe_dir(&driver.mps_root, &device.gpu.gpu_uuid)),
+        container_path: paths::MPS_PIPE_CTR_PATH.to_owned(),
+        options: ["rw", "nosuid", "nodev", "bind"]
+            .map(str::to_owned)
+            .to_vec(),
+    });
+}
+
+/// The pipe directory of a GPU's MPS control daemon.
+pub fn mps_pipe_dir(mps_root: &Path, gpu_uuid: &str) -> PathBuf {
+    mps_root.join(gpu_uuid)
 }
 
 /// The required items missing for `devices`: `libnvidia-ml`, `libcuda` and each device's
@@ -340,6 +398,14 @@ pub enum WriteError {
         /// The roots searched.
         roots: DriverPaths,
     },
+    /// A share with strategy MPS on a GPU whose MPS control daemon is not running.
+    #[error("no MPS control daemon for GPU {gpu}: its pipe directory {} does not exist; start one per shared GPU with `CUDA_MPS_PIPE_DIRECTORY={} nvidia-cuda-mps-control -d` (docs/gpu-classes.md), or share with strategy TimeSlicing", .dir.display(), .dir.display())]
+    NoMpsDaemon {
+        /// The GPU's UUID.
+        gpu: String,
+        /// The pipe directory looked for.
+        dir: PathBuf,
+    },
     /// Writing failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -351,6 +417,7 @@ pub struct CdiWriter {
     root: PathBuf,
     roots: DriverPaths,
     procfs_root: PathBuf,
+    mps_root: PathBuf,
     /// The driver's files and control nodes as last discovered, shared by the clones.
     discovered: Arc<Mutex<Discovered>>,
 }
@@ -371,8 +438,16 @@ impl CdiWriter {
             root: root.to_path_buf(),
             roots: roots.clone(),
             procfs_root: PathBuf::from("/"),
+            mps_root: PathBuf::from(paths::MPS_ROOT),
             discovered: Arc::default(),
         }
+    }
+
+    /// Looks for the MPS control daemons' pipe directories below `mps_root` (the same path on
+    /// the host and here) instead of [`paths::MPS_ROOT`].
+    pub fn with_mps_root(mut self, mps_root: &Path) -> Self {
+        self.mps_root = mps_root.to_path_buf();
+        self
     }
 
     /// Reads MIG capabilities (`proc/devices`, `proc/driver/nvidia/capabilities`) below
@@ -400,12 +475,28 @@ impl CdiWriter {
                 roots: self.roots.clone(),
             });
         }
+        for device in devices {
+            if let DeviceKind::Share(ShareUse {
+                strategy: Strategy::Mps,
+                ..
+            }) = device.kind
+            {
+                let dir = mps_pipe_dir(&self.mps_root, &device.gpu.gpu_uuid);
+                if !dir.is_dir() {
+                    return Err(WriteError::NoMpsDaemon {
+                        gpu: device.gpu.gpu_uuid.clone(),
+                        dir,
+                    });
+                }
+            }
+        }
         Ok(DriverView {
             files,
             control_nodes,
             driver_root: self.roots.driver_root.clone(),
             dev_root: self.roots.dev_root.clone(),
             mig_caps,
+            mps_root: self.mps_root.clone(),
         })
     }
 
@@ -590,6 +681,7 @@ mod tests {
             driver_root: "/".into(),
             dev_root: "/".into(),
             mig_caps: BTreeMap::new(),
+            mps_root: paths::MPS_ROOT.into(),
         };
         let mut spec = claim_spec("u1", &[&gpu(0)], &driver);
         assert_eq!(spec.cdi_version, "0.5.0");

@@ -90,15 +90,19 @@ impl Checkpoint {
             .collect()
     }
 
-    /// The claim (other than `uid`) holding `device` of `pool` without admin access, if any.
+    /// The claim (other than `uid`) holding, without admin access, a device of `pool` that
+    /// `device` excludes ([`crate::devices::exclusive_pair`]: the same device, or a GPU and its
+    /// shares), if any.
     pub fn exclusive_holder(&self, uid: &str, pool: &str, device: &str) -> Option<&str> {
         self.claims
             .iter()
             .filter(|(other, _)| other.as_str() != uid)
             .find(|(_, e)| {
-                e.devices
-                    .iter()
-                    .any(|d| !d.admin_access && d.pool == pool && d.device == device)
+                e.devices.iter().any(|d| {
+                    !d.admin_access
+                        && d.pool == pool
+                        && crate::devices::exclusive_pair(&d.device, device)
+                })
             })
             .map(|(other, _)| other.as_str())
     }
@@ -322,6 +326,7 @@ mod tests {
             device: name.into(),
             cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim=uid-{name}")],
             admin_access: admin,
+            share_id: None,
         }
     }
 

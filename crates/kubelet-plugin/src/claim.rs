@@ -4,6 +4,7 @@
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
 use crate::opaque::{self, DeviceConfig};
 use crate::types::ClaimRef;
+use api::gpuclass::variants::quantity_bytes;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 /// One allocated device of this driver on this node.
@@ -15,6 +16,10 @@ pub struct Allocated {
     pub device: String,
     /// Allocated with admin access.
     pub admin_access: bool,
+    /// The share of a multi-allocatable device.
+    pub share_id: Option<String>,
+    /// Bytes of `memory` the allocation consumed (shares).
+    pub consumed_memory: Option<u64>,
 }
 
 /// Why a claim cannot be prepared here; the message names the cause.
@@ -98,6 +103,13 @@ pub fn allocated_devices(
                 request: base_request(&r.request).to_owned(),
                 device: r.device.clone(),
                 admin_access: r.admin_access.unwrap_or(false),
+                share_id: r.share_id.clone(),
+                consumed_memory: r
+                    .consumed_capacity
+                    .as_ref()
+                    .and_then(|c| c.get("memory"))
+                    .and_then(|q| quantity_bytes(&q.0))
+                    .and_then(|b| u64::try_from(b).ok()),
             })
         })
         .collect()
@@ -108,14 +120,15 @@ pub fn base_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(main, _)| main)
 }
 
-/// Looks up every allocated device and checks the opaque configs of this driver that apply to
-/// it: the right kind for the device, and settings this plugin honours.
-pub fn resolve<'t>(
+/// Looks up every allocated device (a share becomes its GPU with the share's use) and checks
+/// the opaque configs of this driver that apply to it: the right kind for the device, and
+/// settings this plugin honours; a share takes its sharing strategy from them.
+pub fn resolve(
     claim: &ResourceClaim,
     allocated: &[Allocated],
-    table: &'t DeviceTable,
+    table: &DeviceTable,
     driver: &str,
-) -> Result<Vec<&'t NodeDevice>, ClaimError> {
+) -> Result<Vec<NodeDevice>, ClaimError> {
     let configs = claim
         .status
         .as_ref()
@@ -127,9 +140,8 @@ pub fn resolve<'t>(
     allocated
         .iter()
         .map(|a| {
-            let device = table
-                .devices
-                .get(&a.device)
+            let mut device = table
+                .claimable(&a.device, a.share_id.as_deref(), a.consumed_memory)
                 .ok_or_else(|| ClaimError::UnknownDevice(a.device.clone()))?;
             for config in configs {
                 let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
@@ -149,8 +161,10 @@ pub fn resolve<'t>(
                 let decoded = opaque::decode(&bytes).map_err(|e| bad(e.to_string()))?;
                 let fits = matches!(
                     (&decoded, &device.kind),
-                    (DeviceConfig::Gpu(_), DeviceKind::Gpu { .. })
-                        | (DeviceConfig::Mig(_), DeviceKind::Mig(_))
+                    (
+                        DeviceConfig::Gpu(_),
+                        DeviceKind::Gpu { .. } | DeviceKind::Share(_)
+                    ) | (DeviceConfig::Mig(_), DeviceKind::Mig(_))
                 );
                 if !fits {
                     return Err(bad(format!(
@@ -158,7 +172,16 @@ pub fn resolve<'t>(
                         decoded.kind()
                     )));
                 }
-                decoded.check_supported().map_err(|e| bad(e.to_string()))?;
+                if let DeviceKind::Share(share) = &mut device.kind {
+                    decoded
+                        .check_supported_on_share()
+                        .map_err(|e| bad(e.to_string()))?;
+                    if let Some(strategy) = decoded.strategy() {
+                        share.strategy = strategy;
+                    }
+                } else {
+                    decoded.check_supported().map_err(|e| bad(e.to_string()))?;
+                }
             }
             Ok(device)
         })
@@ -256,12 +279,16 @@ mod tests {
                 Allocated {
                     request: "gpus".into(),
                     device: "gpu-0".into(),
-                    admin_access: false
+                    admin_access: false,
+                    share_id: None,
+                    consumed_memory: None,
                 },
                 Allocated {
                     request: "mon".into(),
                     device: "gpu-1".into(),
-                    admin_access: true
+                    admin_access: true,
+                    share_id: None,
+                    consumed_memory: None,
                 },
             ]
         );

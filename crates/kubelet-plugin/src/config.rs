@@ -62,6 +62,10 @@ pub struct Config {
     /// `proc/driver/nvidia/capabilities`): `/` in a pod, whose `/proc` tells the node kernel's.
     #[arg(long, env = env::PROCFS_ROOT, default_value = "/")]
     pub procfs_root: PathBuf,
+    /// Host directory of the per-GPU MPS control daemons (`<this>/<GPU UUID>`), mounted at the
+    /// same path here; claims of shares with strategy MPS need their GPU's.
+    #[arg(long, env = "MPS_ROOT", default_value = paths::MPS_ROOT)]
+    pub mps_root: PathBuf,
     /// Source of the node's boot id (checkpoints from other boots are discarded).
     #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
     pub boot_id_file: PathBuf,

@@ -36,6 +36,22 @@ pub enum DeviceKind {
     },
     /// A static MIG device.
     Mig(MigDevice),
+    /// A share of a full GPU held by one claim; made when a claim is prepared, never in the
+    /// table.
+    Share(ShareUse),
+}
+
+/// How one claim uses a share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareUse {
+    /// Memory of the card, when NVML reports it.
+    pub card_bytes: Option<u64>,
+    /// Memory the claim's allocation consumed of the card.
+    pub part_bytes: Option<u64>,
+    /// How the pods on the card are kept apart.
+    pub strategy: crate::opaque::Strategy,
+    /// The allocation's share id.
+    pub share_id: Option<String>,
 }
 
 /// One allocatable device.
@@ -82,6 +98,36 @@ pub fn profile_slug(profile: &str) -> String {
 /// Name of a full GPU.
 pub fn gpu_name(minor: u32) -> String {
     format!("gpu-{minor}")
+}
+
+/// Name of the shares of a full GPU published for a GPU class: `gpu-0-shared-a100`.
+pub fn shared_name(gpu: &str, class: &str) -> String {
+    format!("{gpu}-shared-{class}")
+}
+
+/// The full GPU and the class of a shares device's name (`gpu-0-shared-a100` →
+/// `("gpu-0", "a100")`); `None` for any other name.
+pub fn shared_parts(name: &str) -> Option<(&str, &str)> {
+    let (gpu, class) = name.split_once("-shared-")?;
+    let minor = gpu.strip_prefix("gpu-")?;
+    (!minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit()) && !class.is_empty())
+        .then_some((gpu, class))
+}
+
+/// The physical GPU's device name behind a device: the GPU of shares, the name itself otherwise.
+pub fn card_of(name: &str) -> &str {
+    shared_parts(name).map_or(name, |(gpu, _)| gpu)
+}
+
+/// Whether two devices of one pool cannot be prepared for two claims at once: the same device
+/// (unless both are shares, which many claims hold), or a GPU and shares of it.
+pub fn exclusive_pair(a: &str, b: &str) -> bool {
+    match (shared_parts(a), shared_parts(b)) {
+        (Some(x), Some(y)) => x.0 == y.0 && x.1 != y.1,
+        (Some((gpu, _)), None) => gpu == b,
+        (None, Some((gpu, _))) => gpu == a,
+        (None, None) => a == b,
+    }
 }
 
 /// Name of a static MIG device.
@@ -137,6 +183,34 @@ impl NodeDevice {
 }
 
 impl DeviceTable {
+    /// The device a claim holds under `name`: a device of the table, or a share of one of its
+    /// full GPUs (strategy `TimeSlicing` until the claim's configuration says otherwise).
+    pub fn claimable(
+        &self,
+        name: &str,
+        share_id: Option<&str>,
+        part_bytes: Option<u64>,
+    ) -> Option<NodeDevice> {
+        if let Some(device) = self.devices.get(name) {
+            return Some(device.clone());
+        }
+        let (gpu, _) = shared_parts(name)?;
+        let gpu = self.devices.get(gpu)?;
+        let DeviceKind::Gpu { memory_bytes } = gpu.kind else {
+            return None;
+        };
+        Some(NodeDevice {
+            name: name.to_owned(),
+            kind: DeviceKind::Share(ShareUse {
+                card_bytes: memory_bytes,
+                part_bytes,
+                strategy: crate::opaque::Strategy::TimeSlicing,
+                share_id: share_id.map(str::to_owned),
+            }),
+            ..gpu.clone()
+        })
+    }
+
     /// The devices of an inventory: each GPU whole, or its MIG devices when MIG is on.
     pub fn from_inventory(inventory: &Inventory) -> Self {
         let devices = inventory
@@ -168,6 +242,38 @@ impl DeviceTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_are_named_after_their_gpu_and_class() {
+        assert_eq!(shared_name("gpu-3", "a100"), "gpu-3-shared-a100");
+        assert_eq!(shared_parts("gpu-3-shared-a100"), Some(("gpu-3", "a100")));
+        assert_eq!(
+            shared_parts("gpu-3-shared-my-shared-class"),
+            Some(("gpu-3", "my-shared-class"))
+        );
+        for other in [
+            "gpu-3",
+            "gpu-0-mig-1g5gb-19-6",
+            "gpu--shared-a",
+            "gpu-1-shared-",
+            "x-shared-a",
+        ] {
+            assert_eq!(shared_parts(other), None, "{other}");
+        }
+        assert_eq!(card_of("gpu-3-shared-a100"), "gpu-3");
+        assert_eq!(card_of("gpu-3"), "gpu-3");
+    }
+
+    #[test]
+    fn shares_of_one_class_coexist_and_exclude_the_whole_gpu() {
+        assert!(!exclusive_pair("gpu-0-shared-a", "gpu-0-shared-a"));
+        assert!(exclusive_pair("gpu-0-shared-a", "gpu-0-shared-b"));
+        assert!(exclusive_pair("gpu-0-shared-a", "gpu-0"));
+        assert!(exclusive_pair("gpu-0", "gpu-0-shared-a"));
+        assert!(exclusive_pair("gpu-0", "gpu-0"));
+        assert!(!exclusive_pair("gpu-0", "gpu-1-shared-a"));
+        assert!(!exclusive_pair("gpu-0", "gpu-1"));
+    }
 
     #[test]
     fn profile_names_are_slugged() {

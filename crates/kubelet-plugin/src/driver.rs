@@ -16,7 +16,7 @@
 use crate::cdi::{self, CdiWriter};
 use crate::checkpoint::{Checkpoint, CheckpointStore, ClaimEntry, ClaimState, LoadOutcome};
 use crate::claim;
-use crate::devices::{DeviceTable, NodeDevice};
+use crate::devices::DeviceTable;
 use crate::ledger::{Ledger, Version};
 use crate::metrics::{Metrics, Operation};
 use crate::types::{ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults};
@@ -211,8 +211,8 @@ impl<C: ClaimSource> Driver<C> {
         self.ledger.subscribe()
     }
 
-    /// The prepared claims of each physical GPU (by UUID), as `<namespace>/<name>`. Claims with
-    /// admin access (monitoring, such as the DCGM exporter's) only watch a GPU and are left out.
+    /// The prepared claims of each physical GPU (by UUID), as `<namespace>/<name>`, those holding
+    /// shares of it included. Claims with admin access (monitoring, such as the DCGM exporter's) only watch a GPU and are left out.
     pub fn consumers(&self) -> BTreeMap<String, Vec<String>> {
         let (consumers, _) = self.ledger.read(|checkpoint| {
             let mut by_gpu: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -221,7 +221,8 @@ impl<C: ClaimSource> Driver<C> {
                     continue;
                 }
                 for device in entry.devices.iter().filter(|d| !d.admin_access) {
-                    if let Some(d) = self.table.devices.get(&device.device) {
+                    let card = crate::devices::card_of(&device.device);
+                    if let Some(d) = self.table.devices.get(card) {
                         let claims = by_gpu.entry(d.gpu.gpu_uuid.clone()).or_default();
                         let claim = format!("{}/{}", entry.namespace, entry.name);
                         if !claims.contains(&claim) {
@@ -271,6 +272,7 @@ impl<C: ClaimSource> Driver<C> {
                 device: a.device.clone(),
                 cdi_device_ids: vec![cdi::device_id(&claim.uid, &a.device)],
                 admin_access: a.admin_access,
+                share_id: a.share_id.clone(),
             })
             .collect();
 
@@ -307,11 +309,11 @@ impl<C: ClaimSource> Driver<C> {
 
         let cdi = self.cdi.clone();
         let uid = claim.uid.clone();
-        let owned: Vec<NodeDevice> = devices.into_iter().cloned().collect();
-        let written =
-            tokio::task::spawn_blocking(move || cdi.write(&uid, &owned.iter().collect::<Vec<_>>()))
-                .await
-                .unwrap_or_else(|e| Err(io::Error::other(e).into()));
+        let written = tokio::task::spawn_blocking(move || {
+            cdi.write(&uid, &devices.iter().collect::<Vec<_>>())
+        })
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e).into()));
         if let Err(e) = written {
             self.take_back(claim);
             return Err(ClaimFailure::CdiWrite(e.to_string()));
@@ -663,6 +665,87 @@ mod tests {
             users[0].len() == 1 && users[0][0].ends_with("/user"),
             "{users:?}"
         );
+    }
+
+    /// A claim holding a share of `device` (10 GiB of a 40 GiB card) with the class's strategy.
+    fn share(name: &str, uid: &str, device: &str, strategy: &str) -> ResourceClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "spec": {"devices": {}},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device,
+                             "shareID": format!("share-{uid}"), "consumedCapacity": {"memory": "10Gi"}}],
+                "config": [{"source": "FromClass", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": strategy}}}}],
+            }}},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn shares_of_a_gpu_prepare_together_and_keep_the_whole_gpu_out() {
+        let (dir, claims) = setup();
+        claims.put(share("s1", "u1", "gpu-0-shared-a100", "TimeSlicing"));
+        claims.put(share("s2", "u2", "gpu-0-shared-a100", "TimeSlicing"));
+        claims.put(exclusive("whole", "u3", &["gpu-0"]));
+        claims.put(share("other", "u4", "gpu-0-shared-b", "TimeSlicing"));
+        let (d, _) = driver(dir.path(), &claims);
+        let answers = d.prepare(vec![cref("s1", "u1"), cref("s2", "u2")]).await;
+        let s1 = answers["u1"].as_ref().unwrap();
+        assert_eq!(s1[0].device, "gpu-0-shared-a100");
+        assert_eq!(s1[0].share_id.as_deref(), Some("share-u1"));
+        assert!(answers["u2"].is_ok(), "{answers:?}");
+        let whole = d.prepare(vec![cref("whole", "u3")]).await;
+        let refused = whole["u3"].as_ref().unwrap_err();
+        assert!(
+            refused.contains("device gpu-0 is already prepared for claim u"),
+            "{refused}"
+        );
+        let other = d.prepare(vec![cref("other", "u4")]).await;
+        assert!(
+            other["u4"].is_err(),
+            "shares of one GPU for two classes: {other:?}"
+        );
+        let spec = std::fs::read_to_string(d.cdi.path("u1")).unwrap();
+        assert!(
+            spec.contains("NVIDIA_DRA_SHARING_GPU_0_SHARED_A100=TimeSlicing"),
+            "{spec}"
+        );
+        assert!(spec.contains("/dev/nvidia0"), "{spec}");
+        let users = d.consumers();
+        assert_eq!(users["GPU-0"], ["ns/s1", "ns/s2"]);
+    }
+
+    #[tokio::test]
+    async fn an_mps_share_needs_its_daemon_and_gets_its_part_as_limits() {
+        let (dir, claims) = setup();
+        claims.put(share("mps", "u1", "gpu-1-shared-a100", "MPS"));
+        let (d, _) = driver(dir.path(), &claims);
+        let d = Driver {
+            cdi: d.cdi.clone().with_mps_root(&dir.path().join("mps")),
+            ..d
+        };
+        let refused = d.prepare(vec![cref("mps", "u1")]).await;
+        let message = refused["u1"].as_ref().unwrap_err();
+        assert!(
+            message.contains("no MPS control daemon for GPU GPU-1"),
+            "{message}"
+        );
+        std::fs::create_dir_all(dir.path().join("mps/GPU-1")).unwrap();
+        let answers = d.prepare(vec![cref("mps", "u1")]).await;
+        assert!(answers["u1"].is_ok(), "{answers:?}");
+        let spec = std::fs::read_to_string(d.cdi.path("u1")).unwrap();
+        for expected in [
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+            "mps/GPU-1",
+        ] {
+            assert!(spec.contains(expected), "{expected} in {spec}");
+        }
     }
 
     #[tokio::test]

@@ -1,5 +1,5 @@
 //! The DRA plugin services, `v1` and `v1beta1`, translating between the wire messages and a
-//! [`DraBackend`]. Both versions carry the same data; `v1` adds `share_id`, never set here.
+//! [`DraBackend`]. Both versions carry the same data; `v1` adds `share_id`, set for shares of a GPU.
 
 use crate::proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use crate::types::{ClaimRef, DraBackend, PreparedDevice};
@@ -61,14 +61,14 @@ where
 }
 
 macro_rules! dra_version {
-    ($ver:ident, $($share:tt)*) => {
+    ($ver:ident $(, $share:ident)?) => {
         fn $ver(d: PreparedDevice) -> $ver::Device {
             $ver::Device {
                 request_names: d.request_names,
                 pool_name: d.pool,
                 device_name: d.device,
                 cdi_device_ids: d.cdi_device_ids,
-                $($share)*
+                $($share: d.share_id,)?
             }
         }
 
@@ -122,5 +122,5 @@ macro_rules! dra_version {
     };
 }
 
-dra_version!(v1, share_id: None,);
-dra_version!(v1beta1,);
+dra_version!(v1, share_id);
+dra_version!(v1beta1);

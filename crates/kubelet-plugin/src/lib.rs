@@ -4,6 +4,7 @@
 //! Pure decisions: [`claim`] (what a ResourceClaim asks of this node), [`slices`] (the slices of
 //! a device table), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
 //! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory),
+//! [`sharing`] (which GPUs are published in shares for GPU classes),
 //! [`device_health`] (taints and the kubelet's health stream from the GPUs' health).
 //! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`prefetch`] (claims read ahead
 //! from a watch of the node's pods), [`ledger`] (the claim table and
@@ -33,6 +34,7 @@ pub mod proto;
 pub mod publish;
 pub mod registration;
 pub mod server;
+pub mod sharing;
 pub mod slices;
 pub mod sockets;
 #[cfg(test)]

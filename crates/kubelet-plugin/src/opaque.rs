@@ -151,19 +151,55 @@ impl DeviceConfig {
         }
     }
 
-    /// Checks that this plugin can honour the settings: no sharing, or time-slicing with the
-    /// default interval (what an unshared GPU does anyway).
-    pub fn check_supported(&self) -> Result<(), ConfigError> {
-        let sharing = match self {
+    fn sharing(&self) -> Option<&Sharing> {
+        match self {
             Self::Gpu(c) => c.sharing.as_ref(),
             Self::Mig(c) => c.sharing.as_ref(),
-        };
-        match sharing {
+        }
+    }
+
+    /// The sharing strategy the configuration names, if any.
+    pub fn strategy(&self) -> Option<Strategy> {
+        self.sharing().map(|s| s.strategy)
+    }
+
+    /// Checks that this plugin can honour the settings on a share of a GPU: time-slicing with
+    /// the default interval, or MPS (its limits come from the share's memory; the class's
+    /// `mpsConfig` is not applied).
+    pub fn check_supported_on_share(&self) -> Result<(), ConfigError> {
+        match self.sharing() {
+            Some(Sharing {
+                mps_config: Some(_),
+                ..
+            }) => Err(ConfigError::Unsupported(
+                "mpsConfig on a share (its limits follow the memory the share consumed)".into(),
+            )),
+            Some(Sharing {
+                strategy: Strategy::TimeSlicing,
+                time_slicing_config:
+                    Some(TimeSlicingConfig {
+                        interval: Some(i), ..
+                    }),
+                ..
+            }) if *i != Interval::Default => Err(ConfigError::Unsupported(format!(
+                "time-slicing interval {i:?}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that this plugin can honour the settings on a device a claim holds alone: no
+    /// sharing, or time-slicing with the default interval (what an unshared GPU does anyway).
+    /// Pods share a GPU through a GPUClass's `shared` variant.
+    pub fn check_supported(&self) -> Result<(), ConfigError> {
+        match self.sharing() {
             None => Ok(()),
             Some(Sharing {
                 strategy: Strategy::Mps,
                 ..
-            }) => Err(ConfigError::Unsupported("sharing strategy MPS".into())),
+            }) => Err(ConfigError::Unsupported(
+                "sharing strategy MPS on a device held by one claim (share GPUs through a GPUClass shared variant)".into(),
+            )),
             Some(Sharing {
                 mps_config: Some(_),
                 ..

@@ -11,7 +11,9 @@
 
 use crate::device_health::{self, HealthView};
 use crate::devices::DeviceTable;
+use crate::sharing;
 use crate::slices::{self, NodeRef, Taints};
+use api::gpuclass::variants::SharedOffer;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -48,8 +50,13 @@ pub struct Publisher {
     node: NodeRef,
     table: Arc<DeviceTable>,
     health: watch::Receiver<HealthView>,
+    /// The GPU classes' shared offers (see [`crate::sharing`]).
+    offers: watch::Receiver<Vec<SharedOffer>>,
     /// Whether the apiserver keeps device taints; until it is seen dropping them, it does.
     taints_kept: bool,
+    /// Whether the apiserver keeps multi-allocatable devices and counters; until it is seen
+    /// dropping them, it does.
+    sharing_kept: bool,
     last_generation: i64,
     /// Slices written by the last publish that the watch has not shown since, by name (with the
     /// resourceVersion the write returned).
@@ -67,14 +74,15 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// A publisher for `node_name`'s slices, following `health`, reading the Node's UID for the
-    /// owner reference.
+    /// A publisher for `node_name`'s slices, following `health` and the classes' `offers`,
+    /// reading the Node's UID for the owner reference.
     pub async fn new(
         client: Client,
         driver: &str,
         node_name: &str,
         table: Arc<DeviceTable>,
         health: watch::Receiver<HealthView>,
+        offers: watch::Receiver<Vec<SharedOffer>>,
     ) -> Result<Self, kube::Error> {
         let node: Node = Api::all(client.clone()).get(node_name).await?;
         let node = NodeRef {
@@ -87,22 +95,33 @@ impl Publisher {
             node,
             table,
             health,
+            offers,
             taints_kept: true,
+            sharing_kept: true,
             last_generation: 0,
             awaiting: BTreeMap::new(),
         })
     }
 
     /// The slices to publish now, with `generation`: unhealthy devices tainted, or left out
-    /// where the apiserver drops taints.
+    /// where the apiserver drops taints; shares of the GPUs the classes offer, unless the
+    /// apiserver drops what sharing needs.
     fn desired(&self, generation: i64) -> Vec<ResourceSlice> {
         let view = self.health.borrow();
         let taints = device_health::device_taints(&self.table, &view);
+        let shares_of = |table: &DeviceTable| {
+            if self.sharing_kept {
+                sharing::shares(table, &self.offers.borrow())
+            } else {
+                Vec::new()
+            }
+        };
         if self.taints_kept || taints.is_empty() {
             return slices::desired_slices(
                 &self.node,
                 &self.driver,
                 &self.table,
+                &shares_of(&self.table),
                 &taints,
                 generation,
             );
@@ -113,6 +132,7 @@ impl Publisher {
             &self.node,
             &self.driver,
             &healthy,
+            &shares_of(&healthy),
             &Taints::new(),
             generation,
         )
@@ -154,9 +174,17 @@ impl Publisher {
         while let Some(slice) = desired.get(index) {
             let name = slice.metadata.name.clone().unwrap_or_default();
             let written = api.patch(&name, &params, &Patch::Apply(slice)).await?;
-            if self.taints_kept && taints_dropped(slice, &written) {
+            let drops_taints = self.taints_kept && taints_dropped(slice, &written);
+            if drops_taints {
                 tracing::warn!(node = %self.node.name, "the apiserver drops device taints (DRADeviceTaints is off): unhealthy devices are left out of the slices instead");
                 self.taints_kept = false;
+            }
+            let drops_sharing = self.sharing_kept && sharing_dropped(slice, &written);
+            if drops_sharing {
+                tracing::warn!(node = %self.node.name, "the apiserver drops shared devices or counters (DRAConsumableCapacity or DRAPartitionableDevices is off): no GPU is published in shares");
+                self.sharing_kept = false;
+            }
+            if drops_taints || drops_sharing {
                 generation += 1;
                 desired = self.desired(generation);
                 self.awaiting.clear();
@@ -220,6 +248,7 @@ impl Publisher {
             }
         }
         let mut health_followed = true;
+        let mut offers_followed = true;
         loop {
             match self.reconcile(&slices_in(&store)).await {
                 Ok(Outcome::Published(generation)) => {
@@ -252,6 +281,9 @@ impl Publisher {
                         // The health tracker ended (only at shutdown): nothing more to follow.
                         health_followed = changed.is_ok();
                     }
+                    changed = self.offers.changed(), if offers_followed => {
+                        offers_followed = changed.is_ok();
+                    }
                 }
                 break;
             }
@@ -270,6 +302,24 @@ fn taints_dropped(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
             .count()
     };
     tainted(sent) > 0 && tainted(written) == 0
+}
+
+/// Whether `sent` had multi-allocatable devices or counter sets that `written` (what the
+/// apiserver stored) lacks.
+fn sharing_dropped(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
+    let multi =
+        |s: &ResourceSlice| {
+            s.spec.devices.iter().flatten().any(|d| {
+                d.allow_multiple_allocations == Some(true) || d.consumes_counters.is_some()
+            })
+        };
+    let counters = |s: &ResourceSlice| {
+        s.spec
+            .shared_counters
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
+    };
+    (multi(sent) && !multi(written)) || (counters(sent) && !counters(written))
 }
 
 fn slices_in(store: &Store<ResourceSlice>) -> Vec<Arc<ResourceSlice>> {
@@ -297,6 +347,21 @@ mod tests {
 
     /// A publisher whose API keeps device taints or drops them, with the sender of its health.
     fn publisher_on(keeps_taints: bool) -> (Publisher, Writes, watch::Sender<HealthView>) {
+        let (publisher, writes, health, _) = publisher_with(keeps_taints, true);
+        (publisher, writes, health)
+    }
+
+    /// A publisher whose API keeps or drops device taints and shared devices, with the senders
+    /// of its health and of the classes' offers.
+    fn publisher_with(
+        keeps_taints: bool,
+        keeps_sharing: bool,
+    ) -> (
+        Publisher,
+        Writes,
+        watch::Sender<HealthView>,
+        watch::Sender<Vec<SharedOffer>>,
+    ) {
         let writes = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&writes);
         let client = client("default", move |method, path, body| {
@@ -321,9 +386,25 @@ mod tests {
                     device.as_object_mut().unwrap().remove("taints");
                 }
             }
+            if !keeps_sharing {
+                object["spec"]
+                    .as_object_mut()
+                    .map(|s| s.remove("sharedCounters"));
+                for device in object
+                    .pointer_mut("/spec/devices")
+                    .and_then(|d| d.as_array_mut())
+                    .into_iter()
+                    .flatten()
+                {
+                    let device = device.as_object_mut().unwrap();
+                    device.remove("allowMultipleAllocations");
+                    device.remove("consumesCounters");
+                }
+            }
             reply(StatusCode::OK, &object)
         });
         let (health_tx, health) = watch::channel(HealthView::default());
+        let (offers_tx, offers) = watch::channel(Vec::new());
         let publisher = Publisher {
             client,
             driver: "gpu.nvidia.com".into(),
@@ -333,11 +414,65 @@ mod tests {
             },
             table: Arc::new(table(2)),
             health,
+            offers,
             taints_kept: true,
+            sharing_kept: true,
             last_generation: 0,
             awaiting: BTreeMap::new(),
         };
-        (publisher, writes, health_tx)
+        (publisher, writes, health_tx, offers_tx)
+    }
+
+    fn quarters() -> Vec<SharedOffer> {
+        let class: api::GPUClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpu-operator-rs.dev/v1alpha1",
+            "kind": "GPUClass",
+            "metadata": {"name": "a100"},
+            "spec": {"selector": {"productNames": ["NVIDIA A100-SXM4-40GB"]},
+                     "variants": {"shared": {"shares": 4}}},
+        }))
+        .unwrap();
+        sharing::offers([&class])
+    }
+
+    #[tokio::test]
+    async fn a_class_offering_shares_republishes_the_pool_with_them() {
+        let (mut p, _writes, _health, offers) = publisher_with(true, true);
+        assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Published(1));
+        let first = p.desired(1);
+        p.awaiting.clear();
+        offers.send_replace(quarters());
+        assert_eq!(
+            p.reconcile(&seen(first)).await.unwrap(),
+            Outcome::Published(2)
+        );
+        let shared = p.desired(2);
+        assert_eq!(
+            device_names(&shared),
+            ["gpu-0", "gpu-0-shared-a100", "gpu-1", "gpu-1-shared-a100"]
+        );
+        p.awaiting.clear();
+        assert_eq!(
+            p.reconcile(&seen(shared)).await.unwrap(),
+            Outcome::Unchanged
+        );
+    }
+
+    #[tokio::test]
+    async fn an_apiserver_without_sharing_gets_the_gpus_unshared() {
+        let (mut p, _writes, _health, offers) = publisher_with(true, false);
+        offers.send_replace(quarters());
+        assert!(matches!(
+            p.reconcile(&[]).await.unwrap(),
+            Outcome::Published(_)
+        ));
+        assert!(!p.sharing_kept);
+        assert_eq!(device_names(&p.desired(9)), ["gpu-0", "gpu-1"]);
+        assert!(
+            p.desired(9)
+                .iter()
+                .all(|s| s.spec.shared_counters.is_none())
+        );
     }
 
     fn lost(gpu: &str) -> HealthView {

@@ -5,9 +5,12 @@
 //! bare names live in the driver's domain (`gpu.nvidia.com`).
 
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
+use crate::sharing::Share;
+use api::gpuclass::SharingStrategy;
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
-    ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, DeviceTaint, ResourcePool,
+    ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -17,8 +20,13 @@ use std::collections::BTreeMap;
 /// Devices per slice allowed by resource.k8s.io/v1 when no device uses taints, counters or list
 /// attributes (ours use none but taints).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
-/// Devices per slice allowed when a device of the slice has taints.
+/// Devices per slice allowed when a device of the slice has taints or consumes counters.
 pub const MAX_TAINTED_DEVICES_PER_SLICE: usize = 64;
+/// Counter sets per slice allowed by resource.k8s.io/v1.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+/// The counter of a shared GPU's counter set (named after the GPU): the GPU and its shares
+/// each consume it, so only one of them is ever allocated.
+pub const CARD_COUNTER: &str = "card";
 
 /// Device taints by device name.
 pub type Taints = BTreeMap<String, Vec<DeviceTaint>>;
@@ -118,7 +126,11 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
     ]);
     let mut capacity = BTreeMap::new();
     match &device.kind {
-        DeviceKind::Gpu { memory_bytes } => {
+        DeviceKind::Gpu { memory_bytes }
+        | DeviceKind::Share(crate::devices::ShareUse {
+            card_bytes: memory_bytes,
+            ..
+        }) => {
             attributes.insert("type".into(), string("gpu"));
             if let Some(bytes) = memory_bytes {
                 capacity.insert(
@@ -165,14 +177,68 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
     }
 }
 
+/// One unit of the counter of `gpu`'s counter set.
+fn card_consumption(gpu: &str) -> DeviceCounterConsumption {
+    DeviceCounterConsumption {
+        counter_set: gpu.to_owned(),
+        counters: BTreeMap::from([(
+            CARD_COUNTER.to_owned(),
+            Counter {
+                value: Quantity("1".into()),
+            },
+        )]),
+    }
+}
+
+/// The device of `share`: its GPU's attributes with `type` `shared`, the class (`gpuClass`) and
+/// the strategy (`sharing`); the card's `memory` as a capacity many claims consume from, one
+/// share each unless a claim asks for more; one unit of the GPU's counter. `None` when the
+/// table lacks the GPU.
+pub fn share_device(share: &Share, table: &DeviceTable) -> Option<Device> {
+    let gpu = table.devices.get(&share.gpu)?;
+    let mut device = slice_device(gpu, table);
+    let attributes = device.attributes.get_or_insert_default();
+    attributes.insert("type".into(), string("shared"));
+    attributes.insert("gpuClass".into(), string(&share.class));
+    let strategy = match share.strategy {
+        SharingStrategy::TimeSlicing => "TimeSlicing",
+        SharingStrategy::Mps => "MPS",
+    };
+    attributes.insert("sharing".into(), string(strategy));
+    let share_bytes = bytes_quantity(share.share_bytes);
+    device.capacity = Some(BTreeMap::from([(
+        "memory".to_owned(),
+        DeviceCapacity {
+            value: bytes_quantity(share.card_bytes),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(share_bytes.clone()),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: share_bytes,
+                    max: None,
+                    step: None,
+                }),
+                valid_values: None,
+            }),
+        },
+    )]));
+    device.name = share.name.clone();
+    device.allow_multiple_allocations = Some(true);
+    device.consumes_counters = Some(vec![card_consumption(&share.gpu)]);
+    Some(device)
+}
+
 /// Name of the `index`-th slice of a node's pool.
 pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
     format!("{node}-{driver}-{index}")
 }
 
-/// A hash of the devices of a pool (their JSON), independent of the generation.
-pub fn content_hash(devices: &[Device]) -> String {
-    let json = serde_json::to_vec(devices).expect("devices serialise");
+/// A hash of the devices and counter sets of a pool (their JSON), independent of the
+/// generation.
+pub fn content_hash(devices: &[Device], counter_sets: &[CounterSet]) -> String {
+    let mut json = serde_json::to_vec(devices).expect("devices serialise");
+    if !counter_sets.is_empty() {
+        json.extend(serde_json::to_vec(counter_sets).expect("counter sets serialise"));
+    }
     Sha256::digest(&json)
         .iter()
         .take(16)
@@ -180,42 +246,85 @@ pub fn content_hash(devices: &[Device]) -> String {
         .collect()
 }
 
-/// The slices that publish `table` for `node`, with `taints` on the devices they name: devices
-/// in name order, at most [`MAX_DEVICES_PER_SLICE`] per slice ([`MAX_TAINTED_DEVICES_PER_SLICE`]
-/// while any device is tainted), every slice carrying the pool `generation`, the slice count,
-/// the content hash and an owner reference to the Node. A node without devices gets one empty
-/// slice, so the pool still exists.
+/// What one slice of the pool carries: devices, or counter sets (never both).
+enum Part {
+    Devices(Vec<Device>),
+    Counters(Vec<CounterSet>),
+}
+
+/// The slices that publish `table` and its `shares` for `node`, with `taints` on the devices they
+/// name (a share carries its GPU's): devices in name order, at most [`MAX_DEVICES_PER_SLICE`] per
+/// slice ([`MAX_TAINTED_DEVICES_PER_SLICE`] while a device is tainted or consumes counters), then
+/// the shared GPUs' counter sets in slices of their own, every slice carrying the pool
+/// `generation`, the slice count, the content hash and an owner reference to the Node. A node
+/// without devices gets one empty slice, so the pool still exists.
 pub fn desired_slices(
     node: &NodeRef,
     driver: &str,
     table: &DeviceTable,
+    shares: &[Share],
     taints: &Taints,
     generation: i64,
 ) -> Vec<ResourceSlice> {
-    let devices: Vec<Device> = table
+    let shared_gpus: std::collections::BTreeSet<&str> =
+        shares.iter().map(|s| s.gpu.as_str()).collect();
+    let mut devices: Vec<Device> = table
         .devices
         .values()
         .map(|d| Device {
             taints: taints.get(&d.name).cloned(),
+            consumes_counters: shared_gpus
+                .contains(d.name.as_str())
+                .then(|| vec![card_consumption(&d.name)]),
             ..slice_device(d, table)
         })
         .collect();
-    let hash = content_hash(&devices);
-    let per_slice = if devices.iter().any(|d| d.taints.is_some()) {
+    devices.extend(shares.iter().filter_map(|share| {
+        Some(Device {
+            taints: taints.get(&share.gpu).cloned(),
+            ..share_device(share, table)?
+        })
+    }));
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    let counter_sets: Vec<CounterSet> = shared_gpus
+        .iter()
+        .map(|gpu| CounterSet {
+            name: (*gpu).to_owned(),
+            counters: BTreeMap::from([(
+                CARD_COUNTER.to_owned(),
+                Counter {
+                    value: Quantity("1".into()),
+                },
+            )]),
+        })
+        .collect();
+    let hash = content_hash(&devices, &counter_sets);
+    let per_slice = if devices
+        .iter()
+        .any(|d| d.taints.is_some() || d.consumes_counters.is_some())
+    {
         MAX_TAINTED_DEVICES_PER_SLICE
     } else {
         MAX_DEVICES_PER_SLICE
     };
-    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
-        vec![Vec::new()]
+    let mut parts: Vec<Part> = if devices.is_empty() {
+        vec![Part::Devices(Vec::new())]
     } else {
-        devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
+        devices
+            .chunks(per_slice)
+            .map(|c| Part::Devices(c.to_vec()))
+            .collect()
     };
-    let count = chunks.len() as i64;
-    chunks
+    parts.extend(
+        counter_sets
+            .chunks(MAX_COUNTER_SETS_PER_SLICE)
+            .map(|c| Part::Counters(c.to_vec())),
+    );
+    let count = parts.len() as i64;
+    parts
         .into_iter()
         .enumerate()
-        .map(|(index, devices)| ResourceSlice {
+        .map(|(index, part)| ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(slice_name(&node.name, driver, index)),
                 annotations: Some(BTreeMap::from([(
@@ -240,7 +349,14 @@ pub fn desired_slices(
                     generation,
                     resource_slice_count: count,
                 },
-                devices: Some(devices),
+                devices: match &part {
+                    Part::Devices(devices) => Some(devices.clone()),
+                    Part::Counters(_) => None,
+                },
+                shared_counters: match part {
+                    Part::Counters(sets) => Some(sets),
+                    Part::Devices(_) => None,
+                },
                 ..Default::default()
             },
         })
@@ -308,7 +424,14 @@ mod tests {
 
     #[test]
     fn big_pools_are_split_and_counted() {
-        let slices = desired_slices(&node(), "gpu.nvidia.com", &table(130), &Taints::new(), 4);
+        let slices = desired_slices(
+            &node(),
+            "gpu.nvidia.com",
+            &table(130),
+            &[],
+            &Taints::new(),
+            4,
+        );
         assert_eq!(slices.len(), 2);
         assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 128);
         assert_eq!(slices[1].spec.devices.as_ref().unwrap().len(), 2);
@@ -325,10 +448,10 @@ mod tests {
 
     #[test]
     fn up_to_date_needs_same_names_content_and_one_generation() {
-        let desired = desired_slices(&node(), "gpu.nvidia.com", &table(2), &Taints::new(), 1);
+        let desired = desired_slices(&node(), "gpu.nvidia.com", &table(2), &[], &Taints::new(), 1);
         assert!(up_to_date(&desired, &desired));
         assert!(!up_to_date(&[], &desired));
-        let other = desired_slices(&node(), "gpu.nvidia.com", &table(3), &Taints::new(), 1);
+        let other = desired_slices(&node(), "gpu.nvidia.com", &table(3), &[], &Taints::new(), 1);
         assert!(!up_to_date(&other, &desired));
         assert_eq!(next_generation(&other, 0), 2);
         assert_eq!(next_generation(&[], 5), 6);
@@ -343,7 +466,7 @@ mod tests {
         };
         let taints = Taints::from([("gpu-3".to_owned(), vec![taint.clone()])]);
         let table = table(100);
-        let slices = desired_slices(&node(), "gpu.nvidia.com", &table, &taints, 1);
+        let slices = desired_slices(&node(), "gpu.nvidia.com", &table, &[], &taints, 1);
         assert_eq!(slices.len(), 2, "64 devices per slice while one is tainted");
         let devices: Vec<_> = slices
             .iter()
@@ -352,7 +475,7 @@ mod tests {
             .collect();
         assert_eq!(devices.len(), 1);
         assert_eq!(devices[0].taints.as_deref(), Some(&[taint][..]));
-        let untainted = desired_slices(&node(), "gpu.nvidia.com", &table, &Taints::new(), 1);
+        let untainted = desired_slices(&node(), "gpu.nvidia.com", &table, &[], &Taints::new(), 1);
         assert_eq!(untainted.len(), 1);
         assert!(
             !up_to_date(&untainted, &slices),
@@ -360,9 +483,91 @@ mod tests {
         );
     }
 
+    fn share(gpu: &str, class: &str) -> Share {
+        Share {
+            name: crate::devices::shared_name(gpu, class),
+            gpu: gpu.into(),
+            class: class.into(),
+            card_bytes: 40 << 30,
+            share_bytes: 10 << 30,
+            strategy: SharingStrategy::TimeSlicing,
+        }
+    }
+
+    #[test]
+    fn a_shared_gpu_and_its_shares_consume_one_counter_published_apart() {
+        let table = table(2);
+        let slices = desired_slices(
+            &node(),
+            "gpu.nvidia.com",
+            &table,
+            &[share("gpu-0", "a100")],
+            &Taints::new(),
+            1,
+        );
+        assert_eq!(slices.len(), 2, "the devices, then the counter sets");
+        let devices = slices[0].spec.devices.clone().unwrap();
+        let names: Vec<_> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-0-shared-a100", "gpu-1"]);
+        let consumption = |d: &Device| {
+            d.consumes_counters
+                .clone()
+                .map(|c| c[0].counter_set.clone())
+        };
+        assert_eq!(consumption(&devices[0]).as_deref(), Some("gpu-0"));
+        assert_eq!(consumption(&devices[1]).as_deref(), Some("gpu-0"));
+        assert_eq!(
+            consumption(&devices[2]),
+            None,
+            "an unshared GPU is as before"
+        );
+        let shared = &devices[1];
+        assert_eq!(shared.allow_multiple_allocations, Some(true));
+        let attributes = shared.attributes.as_ref().unwrap();
+        assert_eq!(attributes["type"].string.as_deref(), Some("shared"));
+        assert_eq!(attributes["gpuClass"].string.as_deref(), Some("a100"));
+        let memory = &shared.capacity.as_ref().unwrap()["memory"];
+        assert_eq!(memory.value.0, "40Gi");
+        let policy = memory.request_policy.as_ref().unwrap();
+        assert_eq!(policy.default.as_ref().map(|q| q.0.as_str()), Some("10Gi"));
+        assert_eq!(slices[1].spec.devices, None);
+        let sets = slices[1].spec.shared_counters.clone().unwrap();
+        assert_eq!(sets.len(), 1);
+        assert_eq!(
+            (
+                sets[0].name.as_str(),
+                sets[0].counters[CARD_COUNTER].value.0.as_str()
+            ),
+            ("gpu-0", "1")
+        );
+        assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 2));
+        let unshared = desired_slices(&node(), "gpu.nvidia.com", &table, &[], &Taints::new(), 1);
+        assert!(!up_to_date(&unshared, &slices), "shares change the content");
+    }
+
+    #[test]
+    fn counter_sets_fill_slices_of_eight() {
+        let table = table(10);
+        let shares: Vec<_> = (0..10).map(|i| share(&format!("gpu-{i}"), "a")).collect();
+        let slices = desired_slices(
+            &node(),
+            "gpu.nvidia.com",
+            &table,
+            &shares,
+            &Taints::new(),
+            1,
+        );
+        let sets: Vec<usize> = slices
+            .iter()
+            .filter_map(|s| s.spec.shared_counters.as_ref().map(Vec::len))
+            .collect();
+        assert_eq!(sets, [8, 2]);
+        assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 20);
+    }
+
     #[test]
     fn a_node_without_devices_still_has_its_pool() {
-        let slices = desired_slices(&node(), "gpu.nvidia.com", &table(0), &Taints::new(), 1);
+        let slices = desired_slices(&node(), "gpu.nvidia.com", &table(0), &[], &Taints::new(), 1);
         assert_eq!(slices.len(), 1);
         assert_eq!(slices[0].spec.devices.as_deref(), Some(&[][..]));
     }

@@ -36,6 +36,9 @@ pub struct PreparedDevice {
     /// Allocated with admin access: exempt from the exclusive-use check.
     #[serde(default)]
     pub admin_access: bool,
+    /// The share of a device many claims hold, as the allocation names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// Per-claim answers to a prepare call, keyed by claim UID; `Err` carries the message for the

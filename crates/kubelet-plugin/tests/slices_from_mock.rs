@@ -17,7 +17,7 @@ fn table(profile: &str, gpus: u32) -> DeviceTable {
 /// The resource.k8s.io/v1 limits a device must meet: at most 32 attributes and capacities,
 /// string and version values at most 64 characters, names DNS labels.
 fn assert_within_api_limits(table: &DeviceTable) {
-    for slice in desired_slices(&node(), "gpu.nvidia.com", table, &Taints::new(), 1) {
+    for slice in desired_slices(&node(), "gpu.nvidia.com", table, &[], &Taints::new(), 1) {
         for device in slice.spec.devices.unwrap_or_default() {
             let attributes = device.attributes.unwrap_or_default();
             let capacities = device.capacity.unwrap_or_default();
@@ -68,6 +68,7 @@ fn eight_a100s() {
         &node(),
         "gpu.nvidia.com",
         &table,
+        &[],
         &Taints::new(),
         1
     ));
@@ -92,6 +93,7 @@ fn a100_mig_mixed_layout() {
         &node(),
         "gpu.nvidia.com",
         &table,
+        &[],
         &Taints::new(),
         1
     ));
@@ -103,6 +105,7 @@ fn one_l4() {
         &node(),
         "gpu.nvidia.com",
         &table("l4", 1),
+        &[],
         &Taints::new(),
         1
     ));
@@ -138,7 +141,7 @@ fn a_lost_gpu_is_left_out_and_the_others_are_published() {
             && note.contains("restart this node's gpu-kubelet-plugin pod"),
         "{note}"
     );
-    let devices: usize = desired_slices(&node(), "gpu.nvidia.com", &table, &Taints::new(), 1)
+    let devices: usize = desired_slices(&node(), "gpu.nvidia.com", &table, &[], &Taints::new(), 1)
         .iter()
         .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
         .sum();

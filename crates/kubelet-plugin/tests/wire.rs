@@ -30,6 +30,7 @@ impl DraBackend for Echo {
                         device: "gpu-0".into(),
                         cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={}-gpu-0", c.uid)],
                         admin_access: false,
+                        share_id: Some(format!("share-{}", c.uid)),
                     }])
                 } else {
                     Err(format!("claim {}: refused", c.name))
@@ -127,7 +128,7 @@ async fn registration_and_both_dra_versions_answer_over_unix_sockets() {
         ok.devices[0].cdi_device_ids,
         ["k8s.gpu.nvidia.com/claim=u1-gpu-0"]
     );
-    assert_eq!(ok.devices[0].share_id, None);
+    assert_eq!(ok.devices[0].share_id.as_deref(), Some("share-u1"));
     assert_eq!(answer.claims["u2"].error, "claim bad: refused");
 
     let mut c2 = dra_v1beta1::dra_plugin_client::DraPluginClient::new(channel);

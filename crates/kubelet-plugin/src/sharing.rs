@@ -1,0 +1,167 @@
+//! Which of the node's GPUs are offered in shares, and what a prepared share hands a container.
+//!
+//! A GPUClass with a `shared` variant makes the plugin publish, beside each full GPU the class
+//! admits, a device `gpu-<minor>-shared-<class>` of type `shared` that many claims may hold at
+//! once: its `memory` capacity is the card's, and a claim that names no capacity consumes one
+//! share of it (the request policy's default). The GPU and its shares consume one counter of the
+//! GPU, so the scheduler never gives a whole-card claim a GPU whose shares are out, nor shares of
+//! a GPU given whole. Pure functions; the GPUClass watch that feeds them is [`follow_classes`].
+
+use crate::devices::{DeviceKind, DeviceTable, shared_name};
+use crate::slices::slice_device;
+use api::GPUClass;
+use api::gpuclass::SharingStrategy;
+use api::gpuclass::variants::{SharedOffer, shared_offer};
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+/// The shares of one GPU for one class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    /// The device name, `gpu-<minor>-shared-<class>`.
+    pub name: String,
+    /// The full GPU's device name.
+    pub gpu: String,
+    /// The class they are published for.
+    pub class: String,
+    /// Memory of the card.
+    pub card_bytes: u64,
+    /// Memory one claim consumes unless it asks for more.
+    pub share_bytes: u64,
+    /// How the pods on the card are kept apart.
+    pub strategy: SharingStrategy,
+}
+
+/// The shares to publish: for every full GPU with known memory, one per offer that admits it and
+/// whose share fits the card. Offers are taken in the order given (the watch sorts them by class).
+pub fn shares(table: &DeviceTable, offers: &[SharedOffer]) -> Vec<Share> {
+    let mut out = Vec::new();
+    for device in table.devices.values() {
+        let DeviceKind::Gpu {
+            memory_bytes: Some(card_bytes),
+        } = device.kind
+        else {
+            continue;
+        };
+        let published = slice_device(device, table);
+        for offer in offers.iter().filter(|o| o.admits(&published)) {
+            let Some(share_bytes) = offer.share_bytes(card_bytes) else {
+                continue;
+            };
+            out.push(Share {
+                name: shared_name(&device.name, &offer.class),
+                gpu: device.name.clone(),
+                class: offer.class.clone(),
+                card_bytes,
+                share_bytes,
+                strategy: offer.strategy,
+            });
+        }
+    }
+    out
+}
+
+/// The shared offers of `classes`, by class name; classes being deleted keep theirs until they
+/// are gone (claims may still hold shares, and the counters must keep counting them). A class
+/// the operator would refuse offers nothing.
+pub fn offers<'a>(classes: impl IntoIterator<Item = &'a GPUClass>) -> Vec<SharedOffer> {
+    let mut offers: Vec<SharedOffer> = classes
+        .into_iter()
+        .filter_map(|class| shared_offer(class).ok().flatten())
+        .collect();
+    offers.sort_by(|a, b| a.class.cmp(&b.class));
+    offers
+}
+
+/// Follows the cluster's GPUClasses and sends their shared offers whenever those change. Runs
+/// until `tx` has no receiver; a missing CRD or a failing watch is retried with backoff.
+pub async fn follow_classes(client: Client, tx: watch::Sender<Vec<SharedOffer>>) {
+    let api: Api<GPUClass> = Api::all(client);
+    let (store, writer) = reflector::store();
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    let mut warned = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                if !warned {
+                    tracing::info!(error = %e, "cannot watch GPUClasses (is the GPUClass CRD installed?); no GPU is shared until it can");
+                    warned = true;
+                }
+                continue;
+            }
+        }
+        let classes = store.state();
+        let now = offers(classes.iter().map(|c| c.as_ref()));
+        tx.send_if_modified(|current| {
+            if *current == now {
+                return false;
+            }
+            let names: Vec<&str> = now.iter().map(|o| o.class.as_str()).collect();
+            tracing::info!(classes = ?names, "GPU classes offering shares changed");
+            *current = now;
+            true
+        });
+        if tx.is_closed() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::table;
+    use serde_json::json;
+
+    fn class(name: &str, spec: serde_json::Value) -> GPUClass {
+        serde_json::from_value(json!({
+            "apiVersion": "gpu-operator-rs.dev/v1alpha1",
+            "kind": "GPUClass",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_class_shares_the_cards_it_admits_and_a_share_too_large_shares_none() {
+        let table = table(2);
+        let product = &table.devices["gpu-0"].gpu.product_name;
+        let classes = [
+            class(
+                "b-quarters",
+                json!({"selector": {"productNames": [product]}, "variants": {"shared": {"shares": 4}}}),
+            ),
+            class(
+                "a-huge",
+                json!({"selector": {"productNames": [product]}, "variants": {"shared": {"memory": "1Ti"}}}),
+            ),
+            class(
+                "c-other",
+                json!({"selector": {"productNames": ["NVIDIA L4"]}, "variants": {"shared": {"shares": 2}}}),
+            ),
+            class("d-whole", json!({"selector": {"productNames": [product]}})),
+        ];
+        let offers = offers(&classes);
+        assert_eq!(
+            offers.iter().map(|o| o.class.as_str()).collect::<Vec<_>>(),
+            ["a-huge", "b-quarters", "c-other"]
+        );
+        let shares = shares(&table, &offers);
+        let names: Vec<_> = shares.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["gpu-0-shared-b-quarters", "gpu-1-shared-b-quarters"]
+        );
+        let card = shares[0].card_bytes;
+        assert_eq!(shares[0].share_bytes, card / 4 / (1 << 20) * (1 << 20));
+        assert_eq!(shares[0].gpu, "gpu-0");
+    }
+}
