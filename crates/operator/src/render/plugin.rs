@@ -57,6 +57,7 @@ pub fn kubelet_plugin(
         "volumes": node_volumes(spec, [
             host_path("plugins-registry", &format!("{kubelet_root}/plugins_registry"), "DirectoryOrCreate"),
             host_path("plugins", &format!("{kubelet_root}/plugins"), "DirectoryOrCreate"),
+            host_path("mps", paths::MPS_ROOT, "DirectoryOrCreate"),
         ]),
     });
     let operand = Operand {
@@ -147,6 +148,8 @@ fn plugin_mounts(kubelet_root: &str) -> Value {
         {"name": "host-root", "mountPath": paths::HOST_ROOT_CTR_PATH, "readOnly": true, "mountPropagation": "HostToContainer"},
         {"name": "driver-root", "mountPath": paths::DRIVER_ROOT_CTR_PATH, "readOnly": true, "mountPropagation": "HostToContainer"},
         {"name": "validations", "mountPath": paths::VALIDATIONS_DIR, "readOnly": true},
+        // The MPS control daemons' pipe directories, which shares with strategy MPS need.
+        {"name": "mps", "mountPath": paths::MPS_ROOT, "readOnly": true, "mountPropagation": "HostToContainer"},
     ])
 }
 
