@@ -480,6 +480,58 @@ else
   fail "GPUClass h100 shows '$(class_resources)': $(k get gpuclass h100 -o jsonpath='{.status.conditions}')"
 fi
 k delete gpuclass h100 --wait=false >/dev/null
+
+# Shares of a card: a GPUClass with a shared variant (2 pods per card) makes the plugin publish the
+# H100s in shares too. Two pods asking the shared resource run at once on one H100, each through
+# the claim the scheduler made (one share each), and both see that same card in the container.
+k apply -f - >/dev/null <<EOF
+apiVersion: gpu-operator-rs.dev/v1alpha1
+kind: GPUClass
+metadata: {name: h100s}
+spec:
+  selector:
+    matchLabels: {gpu-operator-rs.dev/device: h100-80gb-hbm3}
+  variants:
+    shared: {shares: 2}
+EOF
+shares_published() { [[ "$(k get gpuclass h100s -o jsonpath='{.status.devices}')" == 4 ]]; }
+# share_of POD: the device and share id of POD's claim.
+share_of() {
+  local claim
+  claim="$(k -n default get pod "$1" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')"
+  [[ -n "$claim" ]] && k -n default get resourceclaim "$claim" \
+    -o jsonpath='{.status.allocation.devices.results[0].device}{" "}{.status.allocation.devices.results[0].shareID}'
+}
+both_sharing() { running share-a && running share-b; }
+if wait_until 60 shares_published; then
+  for pod in share-a share-b; do
+    RESOURCE=gpu-operator-rs.dev/h100s-shared resource_pod "$pod" "" "$LIST_GPUS; sleep 20"
+  done
+  if wait_until 120 both_sharing; then
+    read -r dev_a share_a <<<"$(share_of share-a)"
+    read -r dev_b share_b <<<"$(share_of share-b)"
+    if [[ "$dev_a" == "$dev_b" && "$dev_a" == *-shared-h100s && -n "$share_a" && "$share_a" != "$share_b" ]]; then
+      pass "share-a and share-b run at once on $dev_a of $(pod_node share-a), shares $share_a and $share_b"
+    else
+      fail "the shared pods hold '$dev_a' ($share_a) and '$dev_b' ($share_b), not two shares of one H100"
+    fi
+  else
+    fail "the shared pods are $(pod_phase share-a) and $(pod_phase share-b): $(k -n default describe pod share-b | tail -4 | tr '\n' ' ')"
+  fi
+  check_gpu_pod share-a real-gpu-0 1
+  check_gpu_pod share-b real-gpu-0 1
+  uuid_a="$(k -n default logs share-a | grep -o 'GPU-[0-9a-f-]*' | head -1)"
+  uuid_b="$(k -n default logs share-b | grep -o 'GPU-[0-9a-f-]*' | head -1)"
+  if [[ -n "$uuid_a" && "$uuid_a" == "$uuid_b" ]]; then
+    pass "both shared pods saw the same H100 ($uuid_a) through nvidia-smi -L"
+  else
+    fail "the shared pods saw '$uuid_a' and '$uuid_b'"
+  fi
+  k -n default delete pod share-a share-b --wait=false >/dev/null
+else
+  fail "GPUClass h100s counts '$(k get gpuclass h100s -o jsonpath='{.status.variants}')' shares"
+fi
+k delete gpuclass h100s --wait=false >/dev/null
 gpu_pod two-gpus real-gpu-1 2
 check_gpu_pod two-gpus real-gpu-1 2
 
