@@ -159,6 +159,12 @@ pub fn status(
             unmatched.join(", ")
         )
     };
+    if unmatched.contains(&"shared") {
+        message.push_str(
+            "; a card is published in shares only when one share fits its memory and the \
+             apiserver serves DRAConsumableCapacity and DRAPartitionableDevices",
+        );
+    }
     if !extended_resources {
         message.push_str(
             "; the apiserver does not serve DeviceClass extendedResourceName \

@@ -212,3 +212,30 @@ fn a_shared_variant_derives_a_device_class_of_shares_with_the_sharing_config() {
     );
     assert_eq!(offer.share_bytes(80 << 30), Some(50 << 30));
 }
+
+#[test]
+fn a_shared_variant_no_card_is_published_for_says_when_cards_get_shares() {
+    let class = class(json!({
+        "selector": {"matchLabels": {"gpu-operator-rs.dev/device": "a100-sxm4-40gb"}},
+        "variants": {"whole": {}, "shared": {"memory": "30Gi"}},
+    }));
+    let variants = variants::variants(&class).unwrap();
+    let status = render::status(&class, &variants, true, &cluster(), Timestamp::UNIX_EPOCH);
+    let rows: Vec<_> = status
+        .variants
+        .iter()
+        .map(|v| (v.name.as_str(), v.devices))
+        .collect();
+    assert_eq!(rows, [("whole", 8), ("shared", 0)]);
+    let ready = &status.conditions[0];
+    assert!(
+        ready.message.contains("no published device matches shared"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        ready.message.contains("one share fits its memory"),
+        "{}",
+        ready.message
+    );
+}
