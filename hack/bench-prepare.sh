@@ -150,15 +150,26 @@ cycle() {
   (($(calls "$before" NodePrepareResources) == prepared + count)) ||
     echo "bench-prepare: $phase on $node: $(($(calls "$before" NodePrepareResources) - prepared)) prepares for $count pods" >&2
 }
+# cpu PID: CPU seconds the process used so far (user + system, all threads), then the machine's
+# busy CPU seconds (every core, all processes) and its number of cores.
+cpu() {
+  local tick
+  tick="$(getconf CLK_TCK)"
+  awk -v t="$tick" '{sub(/^.*\) /, ""); printf "%.3f ", ($12 + $13) / t}' "/proc/$1/stat"
+  awk -v t="$tick" '$1 == "cpu" {printf "%.3f ", ($2 + $3 + $4 + $7 + $8 + $9) / t}' /proc/stat
+  nproc
+}
 # phase NAME COUNT ROUNDS: ROUNDS cycles of COUNT pods on every plugin, interleaved.
 phase() {
   local p round
   for p in "${PLUGINS[@]}"; do scrape "${NODE_OF[$p]}" "$WORK/$p-$1.before"; done
+  cpu "${PIDS[gpu-node-0]}" >"$WORK/ours-$1.cpu.before"
   curl -sf "http://127.0.0.1:$PLUGIN_METRICS_PORT/metrics" >"$WORK/ours-$1.plugin.before"
   for ((round = 0; round < $3; round++)); do
     for p in "${PLUGINS[@]}"; do cycle "${NODE_OF[$p]}" "$1-$p-$round" "$2"; done
   done
   for p in "${PLUGINS[@]}"; do scrape "${NODE_OF[$p]}" "$WORK/$p-$1.after"; done
+  cpu "${PIDS[gpu-node-0]}" >"$WORK/ours-$1.cpu.after"
   curl -sf "http://127.0.0.1:$PLUGIN_METRICS_PORT/metrics" >"$WORK/ours-$1.plugin.after"
 }
 
