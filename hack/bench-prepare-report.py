@@ -162,17 +162,23 @@ def report(args):
         writes = f"{b['writes'] / b['claims']:.2f}" if b["claims"] else "n/a"
         print(f"| {phase} | {ms(rpc)} | {ms(b['claim'])} | {ms(b['read'])} | {ms(b['claim'] - b['read'])} | {ms(rpc - b['claim'])} | {writes} |")
 
-    print("\nCPU per claim prepared and unprepared (ours; /proc of the plugin and of the machine over each phase):\n")
-    print("| phase | plugin CPU per claim | machine busy CPU per claim (control plane, kubelet, kubectl included) | cores | burst floor: N x plugin CPU / cores |")
-    print("|---|---|---|---|---|")
+    def cpu(name):
+        """(plugin CPU s, machine busy CPU s, cores, wall s) spent between the two samples."""
+        before = [float(x) for x in open(f"{work}/ours-{name}.cpu.before").read().split()]
+        after = [float(x) for x in open(f"{work}/ours-{name}.cpu.after").read().split()]
+        return after[0] - before[0], after[1] - before[1], int(after[2]), after[3] - before[3]
+
+    idle_plugin, idle_machine, _, idle_wall = cpu("idle")
+    print("\nCPU per claim prepared and unprepared (ours; /proc of the plugin and of the machine over each phase, "
+          f"less what they use idle: plugin {ms(idle_plugin / idle_wall)}/s, machine {ms(idle_machine / idle_wall)}/s):\n")
+    print("| phase | plugin CPU per claim | machine busy CPU per claim (control plane, kubelet, kubectl included) | burst floor: N x plugin CPU / cores |")
+    print("|---|---|---|---|")
     for phase, size, rounds in phases:
-        before = open(f"{work}/ours-{phase}.cpu.before").read().split()
-        after = open(f"{work}/ours-{phase}.cpu.after").read().split()
+        plugin, machine, cores, wall = cpu(phase)
         claims = size * rounds
-        plugin = (float(after[0]) - float(before[0])) / claims
-        machine = (float(after[1]) - float(before[1])) / claims
-        cores = int(after[2])
-        print(f"| {phase} | {ms(plugin)} | {ms(machine)} | {cores} | {ms(size * plugin / cores)} |")
+        plugin = max(plugin - idle_plugin / idle_wall * wall, 0) / claims
+        machine = max(machine - idle_machine / idle_wall * wall, 0) / claims
+        print(f"| {phase} | {ms(plugin)} | {ms(machine)} | {ms(size * plugin / cores)} ({cores} cores) |")
 
     print("\nWhat the times rest on, and what the plugins cost:\n")
     print("| plugin | fsync+fdatasync per claim | openat per claim | getdents64 per claim | rename per claim | idle VmRSS, 8 GPUs | idle VmRSS, 32 GPUs | VmHWM after the load |")

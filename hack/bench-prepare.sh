@@ -107,9 +107,21 @@ if [[ -n "$UPSTREAM" ]]; then
   driver_root "$WORK/upstream" 32
   start_upstream gpu-node-1 "$WORK/upstream"
 fi
+# cpu PID: CPU seconds the process used so far (user + system, all threads), the machine's busy
+# CPU seconds (every core, all processes), its number of cores and the time (s).
+cpu() {
+  local tick
+  tick="$(getconf CLK_TCK)"
+  awk -v t="$tick" '{sub(/^.*\) /, ""); printf "%.3f ", ($12 + $13) / t}' "/proc/$1/stat"
+  awk -v t="$tick" '$1 == "cpu" {printf "%.3f ", ($2 + $3 + $4 + $7 + $8 + $9) / t}' /proc/stat
+  printf '%s %s\n' "$(nproc)" "$(date +%s.%N)"
+}
 declare -A IDLE32=()
 for p in "${PLUGINS[@]}"; do wait_for 60 published "${NODE_OF[$p]}" 32; done
+# The idle CPU (the plugin's, the machine's) over the same 20 s, taken off each phase's CPU.
+cpu "${PIDS[gpu-node-0]}" >"$WORK/ours-idle.cpu.before"
 sleep 20
+cpu "${PIDS[gpu-node-0]}" >"$WORK/ours-idle.cpu.after"
 for p in "${PLUGINS[@]}"; do IDLE32[$p]="$(rss "${PIDS[${NODE_OF[$p]}]}" VmRSS)"; done
 
 scrape() { # node file
@@ -149,15 +161,6 @@ cycle() {
   wait_for 60 done_unpreparing
   (($(calls "$before" NodePrepareResources) == prepared + count)) ||
     echo "bench-prepare: $phase on $node: $(($(calls "$before" NodePrepareResources) - prepared)) prepares for $count pods" >&2
-}
-# cpu PID: CPU seconds the process used so far (user + system, all threads), then the machine's
-# busy CPU seconds (every core, all processes) and its number of cores.
-cpu() {
-  local tick
-  tick="$(getconf CLK_TCK)"
-  awk -v t="$tick" '{sub(/^.*\) /, ""); printf "%.3f ", ($12 + $13) / t}' "/proc/$1/stat"
-  awk -v t="$tick" '$1 == "cpu" {printf "%.3f ", ($2 + $3 + $4 + $7 + $8 + $9) / t}' /proc/stat
-  nproc
 }
 # phase NAME COUNT ROUNDS: ROUNDS cycles of COUNT pods on every plugin, interleaved.
 phase() {
