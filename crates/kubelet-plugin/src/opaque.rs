@@ -268,6 +268,31 @@ mod tests {
         assert!(mps.check_supported().is_err());
     }
 
+    #[test]
+    fn a_share_takes_time_slicing_or_mps_but_not_settings_it_cannot_apply() {
+        let config = |sharing: &str| {
+            decode(format!(r#"{{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{sharing}}}"#).as_bytes())
+                .unwrap()
+        };
+        let mps = config(r#"{"strategy":"MPS"}"#);
+        assert_eq!(mps.strategy(), Some(super::Strategy::Mps));
+        assert_eq!(mps.check_supported_on_share(), Ok(()));
+        assert!(
+            mps.check_supported().is_err(),
+            "MPS on a GPU one claim holds"
+        );
+        let limits =
+            config(r#"{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":50}}"#);
+        let refused = limits.check_supported_on_share().unwrap_err().to_string();
+        assert!(refused.contains("mpsConfig on a share"), "{refused}");
+        let long = config(r#"{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}"#);
+        assert!(long.check_supported_on_share().is_err());
+        assert_eq!(
+            config(r#"{"strategy":"TimeSlicing"}"#).check_supported_on_share(),
+            Ok(())
+        );
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
