@@ -129,6 +129,12 @@ async fn scenario(
         logs,
         shared_variant_shares_a_gpu(client, classes),
     )
+    .await?;
+    step(
+        "a class naming another class's extended resource is refused, naming that class",
+        &[operator.log_path.as_path()],
+        taken_resource_is_refused(client, classes),
+    )
     .await
 }
 
@@ -773,6 +779,56 @@ async fn shared_variant_shares_a_gpu(
         card == shared_gpu,
         "whole-3 got {card}, not the card the shares gave back ({shared_gpu})"
     );
+    Ok(())
+}
+
+async fn taken_resource_is_refused(
+    client: &kube::Client,
+    classes: &Api<GPUClass>,
+) -> anyhow::Result<()> {
+    let copy = json!({
+        "apiVersion": "gpu-operator-rs.dev/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {"name": "copycat"},
+        "spec": {
+            "selector": {"minMemory": "1Gi"},
+            "variants": {"whole": {"extendedResourceName": "gpu-operator-rs.dev/team"}},
+        },
+    });
+    classes
+        .patch(
+            "copycat",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(copy),
+        )
+        .await?;
+    let message = eventually(
+        Duration::from_secs(30),
+        "GPUClass copycat to be refused",
+        || async {
+            let class = classes.get("copycat").await?;
+            Ok(class
+                .status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .find(|c| c.type_ == "Ready" && c.reason == "InvalidSpec")
+                .map(|c| c.message.clone()))
+        },
+    )
+    .await?;
+    ensure!(
+        message.contains("already GPUClass team's"),
+        "copycat's refusal does not name class team: {message}"
+    );
+    let own = Api::<DeviceClass>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{CLASS_LABEL}=copycat")))
+        .await?;
+    ensure!(
+        own.items.is_empty(),
+        "copycat got DeviceClasses: {:?}",
+        own.items.iter().map(|d| d.name_any()).collect::<Vec<_>>()
+    );
+    eprintln!("copycat: {message}");
     Ok(())
 }
 

@@ -31,6 +31,8 @@ use api::gpuclass::variants::{self, Invalid, Variant};
 
 /// Field manager of the controller's writes.
 const FIELD_MANAGER: &str = "gpu-operator";
+/// How soon a class refused for an extended resource another class holds looks again.
+const TAKEN_RECHECK: Duration = Duration::from_secs(30);
 
 /// Why a reconcile of a class failed; it is retried.
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +177,13 @@ async fn apply(ctx: &Context, class: &GPUClass) -> Result<Action, Error> {
     let extended_resources = ctx.extended_resources().await?;
     let classes: Api<DeviceClass> = Api::all(ctx.client.clone());
     ctx.device_classes.wait_until_ready().await.ok();
+    if extended_resources
+        && let Some(taken) = render::resource_taken(class, &variants, &ctx.device_classes.state())
+    {
+        refuse(ctx, class, &taken, now).await?;
+        // The other class may go, or change its name, without this one hearing of it.
+        return Ok(Action::requeue(TAKEN_RECHECK));
+    }
     for variant in &variants {
         let want = render::device_class(class, variant, extended_resources);
         // The watch's copy of ours; one not derived from a class is not in the watch, so an

@@ -68,6 +68,50 @@ fn sharing_config(strategy: SharingStrategy) -> DeviceClassConfiguration {
     }
 }
 
+/// The first variant of `class` whose extended resource another class's DeviceClass already maps,
+/// as the reason to refuse the class; `None` when every resource is free. Of two classes that
+/// both hold a DeviceClass for one resource, the one whose DeviceClass is older (then whose name
+/// sorts first) keeps it.
+pub fn resource_taken(
+    class: &GPUClass,
+    variants: &[Variant],
+    derived: &[Arc<DeviceClass>],
+) -> Option<Invalid> {
+    let name = class.name_any();
+    let age = |d: &DeviceClass| {
+        (
+            d.metadata.creation_timestamp.clone().map(|t| t.0),
+            d.name_any(),
+        )
+    };
+    variants.iter().find_map(|variant| {
+        let maps = |d: &&Arc<DeviceClass>| {
+            d.spec.extended_resource_name.as_deref() == Some(variant.extended_resource.as_str())
+        };
+        let ours = derived
+            .iter()
+            .filter(maps)
+            .find(|d| d.labels().get(CLASS_LABEL) == Some(&name));
+        let theirs = derived
+            .iter()
+            .filter(maps)
+            .filter(|d| d.labels().get(CLASS_LABEL) != Some(&name))
+            .find(|d| ours.is_none_or(|o| age(d) < age(o)))?;
+        let holder = theirs.labels().get(CLASS_LABEL).cloned().unwrap_or_default();
+        Some(Invalid {
+            class: name.clone(),
+            field: "variants",
+            reason: format!(
+                "extended resource {} of variant {} is already GPUClass {holder}'s (DeviceClass {}); \
+                 give this variant another extendedResourceName",
+                variant.extended_resource,
+                variant.name,
+                theirs.name_any()
+            ),
+        })
+    })
+}
+
 /// Whether the live DeviceClass already is what `want` says (spec, our labels, owner).
 pub fn up_to_date(live: &DeviceClass, want: &DeviceClass) -> bool {
     let labels_kept = want

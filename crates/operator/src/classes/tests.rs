@@ -239,3 +239,49 @@ fn a_shared_variant_no_card_is_published_for_says_when_cards_get_shares() {
         ready.message
     );
 }
+
+#[test]
+fn an_extended_resource_another_class_holds_is_refused_naming_that_class() {
+    let older = class(json!({
+        "selector": {"productNames": ["NVIDIA L4"]},
+        "variants": {"whole": {"extendedResourceName": "example.com/inference"}},
+    }));
+    let mut held = device_class(&older, &variants::variants(&older).unwrap()[0], true);
+    held.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(api::gpuclass::CLASS_LABEL.into(), "l4".into());
+    held.metadata.name = Some("l4.gpu-operator-rs.dev".into());
+    held.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        Timestamp::UNIX_EPOCH,
+    ));
+    let derived = [Arc::new(held.clone())];
+    // Class a100 asks the same resource: refused, naming class l4 and its DeviceClass.
+    let variants = variants::variants(&older).unwrap();
+    let taken = render::resource_taken(&older, &variants, &derived).unwrap();
+    assert_eq!(taken.field, "variants");
+    assert!(
+        taken
+            .reason
+            .contains("already GPUClass l4's (DeviceClass l4.gpu-operator-rs.dev)"),
+        "{}",
+        taken.reason
+    );
+    // A resource no other class maps is free.
+    let other = class(json!({"selector": {"productNames": ["NVIDIA L4"]}}));
+    assert_eq!(
+        render::resource_taken(&other, &variants::variants(&other).unwrap(), &derived),
+        None
+    );
+    // Both hold a DeviceClass for it: the older DeviceClass keeps it.
+    let mut ours = device_class(&older, &variants[0], true);
+    ours.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        Timestamp::from_second(60).unwrap(),
+    ));
+    let both = [Arc::new(held), Arc::new(ours)];
+    assert!(
+        render::resource_taken(&older, &variants, &both).is_some(),
+        "the younger one yields"
+    );
+}
