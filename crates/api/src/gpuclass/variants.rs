@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{ARCHITECTURE_LABEL, DEVICE_LABEL, GPUClass, GROUP, SharingStrategy, device_slug};
+use super::{
+    ARCHITECTURE_LABEL, DEVICE_LABEL, ExtendedResourceName, GPUClass, GROUP, SharingStrategy,
+    device_slug,
+};
 use crate::contract::DRIVER_NAME;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use kube::ResourceExt;
@@ -198,6 +201,15 @@ pub fn device_class_name(class: &str, variant: &str) -> String {
     }
 }
 
+/// The extended resource of a variant unless the class names one:
+/// `gpu-operator-rs.dev/<class>[-<variant>]`.
+pub fn extended_resource_name(class: &str, variant: &str) -> String {
+    match variant {
+        "whole" => format!("{GROUP}/{class}"),
+        other => format!("{GROUP}/{class}-{other}"),
+    }
+}
+
 /// A MIG profile as a DNS-subdomain and resource-name part: `1g.10gb+me` is `1g.10gb-me`.
 fn profile_part(profile: &str) -> String {
     profile.replace('+', "-")
@@ -263,48 +275,43 @@ fn common_criteria(class: &GPUClass) -> Result<Vec<Criterion>, Invalid> {
 pub fn variants(class: &GPUClass) -> Result<Vec<Variant>, Invalid> {
     let name = class.name_any();
     let common = common_criteria(class)?;
+    // One variant: its DeviceClass and resource named after it (or the resource the class set),
+    // its own criteria before the selector's.
+    let variant = |variant: String,
+                   own: Option<&ExtendedResourceName>,
+                   first: Vec<Criterion>,
+                   sharing: Option<SharingStrategy>| Variant {
+        device_class: device_class_name(&name, &variant),
+        extended_resource: own
+            .map_or_else(|| extended_resource_name(&name, &variant), |n| n.0.clone()),
+        name: variant,
+        criteria: first.into_iter().chain(common.iter().cloned()).collect(),
+        sharing,
+    };
+    let spec = &class.spec.variants;
     let mut out = Vec::new();
-    if let Some(whole) = &class.spec.variants.whole {
-        let mut criteria = vec![Criterion::Type("gpu")];
-        criteria.extend(common.iter().cloned());
-        out.push(Variant {
-            name: "whole".into(),
-            device_class: device_class_name(&name, "whole"),
-            extended_resource: whole
-                .extended_resource_name
-                .as_ref()
-                .map(|n| n.0.clone())
-                .unwrap_or_else(|| format!("{GROUP}/{name}")),
-            criteria,
-            sharing: None,
-        });
+    if let Some(whole) = &spec.whole {
+        let own = whole.extended_resource_name.as_ref();
+        out.push(variant(
+            "whole".into(),
+            own,
+            vec![Criterion::Type("gpu")],
+            None,
+        ));
     }
-    for profile in class.spec.variants.mig.iter().flat_map(|m| &m.profiles) {
-        let variant = format!("mig-{}", profile_part(profile));
-        let mut criteria = vec![Criterion::Type("mig"), Criterion::Profile(profile.clone())];
-        criteria.extend(common.iter().cloned());
-        out.push(Variant {
-            device_class: device_class_name(&name, &variant),
-            extended_resource: format!("{GROUP}/{name}-{variant}"),
-            name: variant,
-            criteria,
-            sharing: None,
-        });
+    for profile in spec.mig.iter().flat_map(|m| &m.profiles) {
+        let first = vec![Criterion::Type("mig"), Criterion::Profile(profile.clone())];
+        out.push(variant(
+            format!("mig-{}", profile_part(profile)),
+            None,
+            first,
+            None,
+        ));
     }
-    if let Some(shared) = &class.spec.variants.shared {
-        let mut criteria = vec![Criterion::Type("shared"), Criterion::GpuClass(name.clone())];
-        criteria.extend(common.iter().cloned());
-        out.push(Variant {
-            name: "shared".into(),
-            device_class: device_class_name(&name, "shared"),
-            extended_resource: shared
-                .extended_resource_name
-                .as_ref()
-                .map(|n| n.0.clone())
-                .unwrap_or_else(|| format!("{GROUP}/{name}-shared")),
-            criteria,
-            sharing: Some(shared.strategy),
-        });
+    if let Some(shared) = &spec.shared {
+        let own = shared.extended_resource_name.as_ref();
+        let first = vec![Criterion::Type("shared"), Criterion::GpuClass(name.clone())];
+        out.push(variant("shared".into(), own, first, Some(shared.strategy)));
     }
     if out.is_empty() {
         return Err(Invalid {
