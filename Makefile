@@ -8,15 +8,22 @@ CACHE_DIR ?= $(HOME)/.cache/gpu-operator-rs
 export CARGO_TARGET_DIR ?= $(CACHE_DIR)/target
 export CARGO_TERM_COLOR ?= never
 CARGO ?= cargo
+# Where rustup and the Go tarball put their tools on a fresh machine (hack/ci-bootstrap.sh).
+export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 
 # Test targets that other make fragments add to (hack/*.mk: the local cluster and its smoke test).
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health demo help
+.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
+
+# What a fresh machine lacks (Rust components, shellcheck, the real nodes' Debian packages):
+# idempotent and quiet when all is there, so every entry point a new user types runs it first.
+bootstrap: ## Install what a fresh machine lacks (hack/ci-bootstrap.sh; idempotent)
+	@hack/ci-bootstrap.sh
 
 build: ## Build every binary and test target of the workspace
 	$(CARGO) build --workspace --all-targets --locked
@@ -44,7 +51,7 @@ test-e2e: hack-tools ## End-to-end suite on a local cluster of its own (e2e/run.
 	$(CARGO) build --workspace --bins --locked
 	CACHE_DIR=$(CACHE_DIR) e2e/run.sh
 
-test: lint test-rust $(TEST_TARGETS) ## What CI runs: lint, then every test (the cluster suites on one cluster)
+test: bootstrap lint test-rust $(TEST_TARGETS) ## What CI runs: lint, then every test (the cluster suites on one cluster)
 	@echo "make test: all suites passed"
 
 bench-scale: hack-tools ## Labeler and operator at 1,000 and 5,000 fake GPU nodes (not part of make test)
@@ -59,5 +66,5 @@ bench-prepare: hack-tools ## Prepare/unprepare as the kubelet times them, one at
 bench-health: hack-tools ## NVML fault to device taint latency, and API writes of a healthy node over 5 idle minutes (not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-health.sh
 
-demo: ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
+demo: bootstrap ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
 	CACHE_DIR=$(CACHE_DIR) hack/demo.sh

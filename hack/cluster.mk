@@ -63,7 +63,7 @@ $(HACK_CONTAINERD_STAMP):
 
 # The real nodes' sandbox image (a static pause of ours), the OCI image writer behind it and make images,
 # and the stand-in for NVIDIA's images.
-$(HACK_IMAGES_STAMP):
+$(HACK_IMAGES_STAMP): | bootstrap
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS) $(HACK_IMAGES)
 	$(HACK_GO) build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/oci-image ./cmd/oci-image
 	cd hack && env $(HACK_GOENV) CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(HACK_BIN)/pause ./cmd/pause
