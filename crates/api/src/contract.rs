@@ -124,6 +124,70 @@ pub mod labels {
         "feature.node.kubernetes.io/pci-0300_10de.present",
     ];
 
+    /// The NFD label GPU node discovery writes on nodes with an NVIDIA display or 3D controller
+    /// (the name NFD gives it as the GPU Operator configures NFD).
+    pub const NFD_PCI_NVIDIA: &str = NFD_GPU_LABELS[0];
+    /// Framebuffer MiB of the node's first GPU (GPU feature discovery's label).
+    pub const GPU_MEMORY: &str = "nvidia.com/gpu.memory";
+    /// Architecture family of the node's first GPU, lower case (`hopper`, `ada-lovelace`).
+    pub const GPU_FAMILY: &str = "nvidia.com/gpu.family";
+    /// CUDA compute capability of the node's first GPU, major part.
+    pub const GPU_COMPUTE_MAJOR: &str = "nvidia.com/gpu.compute.major";
+    /// CUDA compute capability of the node's first GPU, minor part.
+    pub const GPU_COMPUTE_MINOR: &str = "nvidia.com/gpu.compute.minor";
+    /// Driver version parts (`580`, `95`, `05`), GPU feature discovery's older names.
+    pub const CUDA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
+    /// See [`CUDA_DRIVER_MAJOR`].
+    pub const CUDA_DRIVER_MINOR: &str = "nvidia.com/cuda.driver.minor";
+    /// See [`CUDA_DRIVER_MAJOR`].
+    pub const CUDA_DRIVER_REV: &str = "nvidia.com/cuda.driver.rev";
+    /// Driver version parts and the whole version, GPU feature discovery's newer names.
+    pub const CUDA_DRIVER_VERSION_MAJOR: &str = "nvidia.com/cuda.driver-version.major";
+    /// See [`CUDA_DRIVER_VERSION_MAJOR`].
+    pub const CUDA_DRIVER_VERSION_MINOR: &str = "nvidia.com/cuda.driver-version.minor";
+    /// See [`CUDA_DRIVER_VERSION_MAJOR`].
+    pub const CUDA_DRIVER_VERSION_REVISION: &str = "nvidia.com/cuda.driver-version.revision";
+    /// See [`CUDA_DRIVER_VERSION_MAJOR`].
+    pub const CUDA_DRIVER_VERSION_FULL: &str = "nvidia.com/cuda.driver-version.full";
+    /// The CUDA version the driver supports (`13.0`), major part (GPU feature discovery's older name).
+    pub const CUDA_RUNTIME_MAJOR: &str = "nvidia.com/cuda.runtime.major";
+    /// See [`CUDA_RUNTIME_MAJOR`].
+    pub const CUDA_RUNTIME_MINOR: &str = "nvidia.com/cuda.runtime.minor";
+    /// The CUDA version the driver supports, newer names.
+    pub const CUDA_RUNTIME_VERSION_MAJOR: &str = "nvidia.com/cuda.runtime-version.major";
+    /// See [`CUDA_RUNTIME_VERSION_MAJOR`].
+    pub const CUDA_RUNTIME_VERSION_MINOR: &str = "nvidia.com/cuda.runtime-version.minor";
+    /// See [`CUDA_RUNTIME_VERSION_MAJOR`].
+    pub const CUDA_RUNTIME_VERSION_FULL: &str = "nvidia.com/cuda.runtime-version.full";
+    /// Every label GPU node discovery may write; nothing else is ever written or removed by it, and
+    /// the chart's admission policy allows its ServiceAccount exactly these.
+    pub const DISCOVERY_KEYS: [&str; 20] = [
+        NFD_PCI_NVIDIA,
+        GPU_PRODUCT,
+        GPU_COUNT,
+        GPU_MEMORY,
+        GPU_FAMILY,
+        GPU_COMPUTE_MAJOR,
+        GPU_COMPUTE_MINOR,
+        MIG_CAPABLE,
+        CUDA_DRIVER_MAJOR,
+        CUDA_DRIVER_MINOR,
+        CUDA_DRIVER_REV,
+        CUDA_DRIVER_VERSION_MAJOR,
+        CUDA_DRIVER_VERSION_MINOR,
+        CUDA_DRIVER_VERSION_REVISION,
+        CUDA_DRIVER_VERSION_FULL,
+        CUDA_RUNTIME_MAJOR,
+        CUDA_RUNTIME_MINOR,
+        CUDA_RUNTIME_VERSION_MAJOR,
+        CUDA_RUNTIME_VERSION_MINOR,
+        CUDA_RUNTIME_VERSION_FULL,
+    ];
+    /// Annotation listing (comma-separated) the labels of [`DISCOVERY_KEYS`] GPU node discovery
+    /// wrote on the node, as NFD records its own: a label another writer set is never taken over,
+    /// and only recorded labels are removed when the GPU or the driver goes.
+    pub const DISCOVERY_OWNED: &str = "gpu-operator-rs.dev/discovery-labels";
+
     /// Deploy-label value written by the driver manager while it pauses an operand.
     pub const PAUSED_FOR_DRIVER_UPGRADE: &str = "paused-for-driver-upgrade";
     /// Suffix the driver manager appends to other values while it pauses an operand.
@@ -227,6 +291,10 @@ pub mod env {
     pub const MIG_STRATEGY: &str = "MIG_STRATEGY";
     /// The device plugin's config file (upstream's format).
     pub const CONFIG_FILE: &str = "CONFIG_FILE";
+    /// Where GPU node discovery reads the host's sysfs (`<root>/bus/pci/devices`).
+    pub const SYSFS_ROOT: &str = "SYSFS_ROOT";
+    /// Seconds between two scans of GPU node discovery.
+    pub const DISCOVERY_INTERVAL_SECONDS: &str = "DISCOVERY_INTERVAL_SECONDS";
 }
 
 /// Paths on a node and inside operand containers.
