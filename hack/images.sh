@@ -6,7 +6,8 @@
 #
 # Images (names and tags the chart and the operator use by default):
 #   ghcr.io/gpu-operator-rs/gpu-operator:<appVersion>        gpu-operator, node-labeler, dra-driver-validator
-#   ghcr.io/gpu-operator-rs/gpu-kubelet-plugin:<appVersion>  gpu-kubelet-plugin, gpu-device-plugin
+#   ghcr.io/gpu-operator-rs/gpu-kubelet-plugin:<appVersion>  gpu-kubelet-plugin, gpu-device-plugin,
+#                                                             gpu-node-discovery
 # Stand-ins for images that cannot be fetched here (each says so in its log):
 #   nvcr.io/nvidia/cuda:12.6.2-base-ubi9                      the guide's workload image: an nvidia-smi of
 #                                                             ours (crates/nvidia-smi) that lists the GPUs
@@ -41,7 +42,8 @@ BUSYBOX_TOOLS=(sh cat ls env echo sleep test grep stat find head)
 [[ -x /bin/busybox ]] || { echo "images: /bin/busybox is missing: run hack/ci-bootstrap.sh" >&2; exit 1; }
 mkdir -p "$OUT"
 
-cargo_flags=(--locked -p operator -p node-labeler -p validator -p kubelet-plugin -p device-plugin -p nvidia-smi)
+cargo_flags=(--locked -p operator -p node-labeler -p validator -p kubelet-plugin -p device-plugin -p node-discovery
+  -p nvidia-smi)
 [[ "$PROFILE" == release ]] && cargo_flags+=(--release)
 echo "images: building the binaries (cargo, $PROFILE)"
 cargo build -q "${cargo_flags[@]}"
@@ -88,7 +90,8 @@ image gpu-operator.tar -name "$REPO/gpu-operator:$APP_VERSION" -user 65532:65532
 image gpu-kubelet-plugin.tar -name "$REPO/gpu-kubelet-plugin:$APP_VERSION" -entrypoint /usr/local/bin/gpu-kubelet-plugin \
   -add "$TARGET/gpu-kubelet-plugin:/usr/local/bin/gpu-kubelet-plugin:0755" \
   -add "$TARGET/gpu-device-plugin:/usr/local/bin/gpu-device-plugin:0755" \
-  $(glibc_args "$TARGET/gpu-kubelet-plugin" "$TARGET/gpu-device-plugin") $(base_args)
+  -add "$TARGET/gpu-node-discovery:/usr/local/bin/gpu-node-discovery:0755" \
+  $(glibc_args "$TARGET/gpu-kubelet-plugin" "$TARGET/gpu-device-plugin" "$TARGET/gpu-node-discovery") $(base_args)
 
 # shellcheck disable=SC2046
 image cuda-standin.tar -name nvcr.io/nvidia/cuda:12.6.2-base-ubi9 -entrypoint /bin/sh \

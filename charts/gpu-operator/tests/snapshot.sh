@@ -38,6 +38,9 @@ declare -A CASES=(
   [error-typo]="--namespace gpu-operator --set gpuCluster.enable=true"
   [error-env-typo]="--namespace gpu-operator --set operator.env[0].nmae=DEFAULT_GPU_ALLOCATION_MODE --set operator.env[0].value=dra"
   [error-wrong-type]="--namespace gpu-operator --set-string operator.replicas=two"
+  [discovery-from-nfd]="--namespace gpu-operator --set nodeDiscovery.source=nfd"
+  [discovery-upstream-nfd-off]="--namespace gpu-operator --set nfd.enabled=false"
+  [error-discovery-source]="--namespace gpu-operator --set nodeDiscovery.source=NFD"
   [error-wrong-type-bool]="--namespace gpu-operator --set dcgmExporter.enabled=yes"
 )
 
