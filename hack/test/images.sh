@@ -17,7 +17,8 @@ failed = 0
 
 def dockerfile(path):
     """Binaries, their folder, user and entrypoint of a Dockerfile's final stage."""
-    text = open(path).read()
+    # Joined at line continuations, so a `cp` may span several lines.
+    text = open(path).read().replace("\\\n", " ")
     final = text[text.rindex("\nFROM "):]
     # The build stage copies the binaries into /out/: `cp target/.../name ... /out/`.
     binaries = set()
