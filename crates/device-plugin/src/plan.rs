@@ -194,6 +194,7 @@ fn listed(device: &NodeDevice, replicas: Option<u32>) -> Vec<Listed> {
 mod tests {
     use super::*;
     use crate::config::{SharedResource, TimeSlicing};
+    use gpu_discovery::testing::inventory;
     use gpu_discovery::{CudaVersion, Gpu, MigDevice};
 
     fn gpu(index: u32, mig: &[&str]) -> Gpu {
@@ -236,18 +237,6 @@ mod tests {
                     ofa_engines: 0,
                 })
                 .collect(),
-        }
-    }
-
-    fn inventory(gpus: Vec<Gpu>) -> Inventory {
-        Inventory {
-            driver_version: "580.95.05".into(),
-            cuda_driver_version: CudaVersion {
-                major: 13,
-                minor: 0,
-            },
-            gpus,
-            unreadable: Vec::new(),
         }
     }
 

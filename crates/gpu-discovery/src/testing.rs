@@ -323,6 +323,19 @@ impl Default for FakeNode {
     }
 }
 
+/// An inventory of these GPUs under driver 580.95.05 (CUDA 13.0), nothing unreadable.
+pub fn inventory(gpus: Vec<crate::Gpu>) -> crate::Inventory {
+    crate::Inventory {
+        driver_version: "580.95.05".into(),
+        cuda_driver_version: crate::CudaVersion {
+            major: 13,
+            minor: 0,
+        },
+        gpus,
+        unreadable: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

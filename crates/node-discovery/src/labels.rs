@@ -100,6 +100,7 @@ pub fn label_value(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_discovery::testing::inventory;
     use gpu_discovery::{CudaVersion, Gpu, UnreadableGpu};
 
     fn gpu(product: &str, architecture: &str, mig: MigMode) -> Gpu {
@@ -115,18 +116,6 @@ mod tests {
             pci_bus_id: "0000:01:00.0".into(),
             mig_mode: mig,
             mig_devices: Vec::new(),
-        }
-    }
-
-    fn inventory(gpus: Vec<Gpu>) -> Inventory {
-        Inventory {
-            driver_version: "580.95.05".into(),
-            cuda_driver_version: CudaVersion {
-                major: 13,
-                minor: 0,
-            },
-            gpus,
-            unreadable: Vec::new(),
         }
     }
 
