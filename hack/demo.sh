@@ -45,7 +45,10 @@ if "$HACK_DIR/cluster" status >/dev/null 2>&1; then
 fi
 "$HACK_DIR/cluster" down >/dev/null 2>&1 || true
 "$HACK_DIR/cluster" up
-show "get nodes -o wide -L nvidia.com/gpu.product,nvidia.com/gpu.count" "real kubelets and containerd; fake GPUs from the mock NVML"
+# shellcheck disable=SC2016 # a Go template, not shell
+stamped="$(k get nodes -o go-template='{{range .items}}{{$n := .metadata.name}}{{range $k, $v := .metadata.labels}}{{$n}}:{{$k}} {{end}}{{end}}' | tr ' ' '\n' | grep -E ':(feature\.node\.kubernetes\.io/|nvidia\.com/gpu\.)' || true)"
+[[ -z "$stamped" ]] || { echo "demo: the harness labelled nodes as only GPU discovery may: $stamped" >&2; exit 1; }
+show "get nodes -o wide -L feature.node.kubernetes.io/pci-10de.present,nvidia.com/gpu.product" "real kubelets and containerd; fake GPUs (a PCI bus and the mock NVML) but no GPU label yet: nothing has looked"
 
 step "Installing gpu-operator-rs with the guide's command (pre-installed driver tab)"
 explain "helm upgrade --install gpu-operator charts/gpu-operator --namespace gpu-operator --create-namespace --set gpuCluster.enabled=true --set driver.enabled=false --set operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE --set operator.env[0].value=dra" \
@@ -60,6 +63,9 @@ if ! wait_until 300 "gpu-cluster ready" bash -c "[[ \$('$TOOLS/kubectl' --kubeco
   k -n "$NS" get pods -o wide
   exit 1
 fi
+
+show "get nodes -L feature.node.kubernetes.io/pci-10de.present,nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/gpu.present" \
+  "GPU node discovery (the chart's gpu-node-discovery DaemonSet) labelled the GPU nodes from their PCI bus and NVML"
 
 step "Running the guide's single-GPU pod"
 k apply -f - <<'YAML'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Real-node test (make test-real-nodes). Brings up its own cluster with three real nodes (a real
+# Real-node test (make test-real-nodes). Brings up its own cluster with four real nodes (a real
 # kubelet, containerd v2 + runc, CNI and kube-proxy each, in namespaces of their own; mock H100s, L4s
-# and MIG-enabled A100s) beside one KWOK node, on free ports. First what the product's pods rely on:
+# and MIG-enabled A100s, and one without a GPU) beside one KWOK node, on free ports. No real node gets
+# a GPU label from the harness: GPU discovery finds their GPUs on their PCI bus and labels them. First what the product's pods rely on:
 # pods run from locally imported images; `kubectl logs` and `exec` work; a pod reaches the API through
 # the `kubernetes` Service and a pod on the other node; a DRA claim allocated by the scheduler is
 # prepared by a plugin registered with the real kubelet, and containerd injects the claim's CDI device
@@ -12,7 +13,9 @@
 # mid-prepare, a mode switch under a running pod (the node then served by the device plugin: allocatable
 # nvidia.com/gpu, its validator, a pod asking nvidia.com/gpu: 1 given its GPU through CDI; a lost GPU; time-slicing
 # from the GPUCluster; a ClusterPolicy taking the plane), the same pod spec served
-# on a DRA node through the class's extended-resource mapping, and an uninstall that leaves no pod, claim, CDI spec
+# on a DRA node through the class's extended-resource mapping, GPU discovery (labels from PCI and NVML,
+# its admission policy as the agent's own token sees it, a GPU and then a driver arriving on the node
+# without one), and an uninstall that leaves no pod, claim, CDI spec
 # or checkpoint entry. On exit, pass or fail, it takes the cluster down and checks that no process,
 # network namespace, link, cgroup, mount or firewall rule is left.
 set -euo pipefail
@@ -27,8 +30,10 @@ PORT_BASE="$(free_port_base 41000 real)"
 export PORT_BASE
 export CLUSTER_DIR="$REPO_DIR/.cluster/real-$PORT_BASE"
 # Three products on three real nodes, the last with MIG enabled (it publishes MIG devices only).
-export NODES=1 CPU_NODES=0 REAL_NODES=3 REAL_GPUS="h100-sxm5-80gb:4 l4:2 a100-sxm4-40gb-mig-mixed:2"
+# The fourth real node has no GPU until one is plugged in late in the test.
+export NODES=1 CPU_NODES=0 REAL_NODES=4 REAL_GPUS="h100-sxm5-80gb:4 l4:2 a100-sxm4-40gb-mig-mixed:2 l4:0"
 MIG_NODE=real-gpu-2
+GPULESS_NODE=real-gpu-3
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 IMAGE=gpu-operator-rs.dev/test/busybox:1
 DRIVER=gpu.fake.example.com
@@ -68,14 +73,23 @@ trap 'exit 130' INT TERM
 # --- cluster up -------------------------------------------------------------------------------------
 t0=$SECONDS
 "$HACK_DIR/cluster" up
-pass "cluster up: 3 real nodes and 1 KWOK node Ready in $((SECONDS - t0))s"
+pass "cluster up: 4 real nodes and 1 KWOK node Ready in $((SECONDS - t0))s"
 eval "$("$HACK_DIR/real-node" net-env)"
 
-info="$(k get node real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion} {.metadata.labels.nvidia\.com/gpu\.product} {.status.addresses[0].address}{"\n"}{end}')"
-if grep -q '^v1.36.3 containerd://2.4.2 NVIDIA-H100-80GB-HBM3 198.18.' <<<"$info" && grep -q '^v1.36.3 containerd://2.4.2 NVIDIA-L4 198.18.' <<<"$info"; then
-  pass "real nodes run kubelet v1.36.3 and containerd v2.4.2 with GPU labels: $(tr '\n' ';' <<<"$info")"
+info="$(k get node real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion} {.status.addresses[0].address}{"\n"}{end}')"
+# discovery_labels NODE...: every NFD or GPU feature discovery label of the nodes, "node:key=value".
+discovery_labels() {
+  local nodes
+  nodes="$(IFS='|'; echo "$*")"
+  # shellcheck disable=SC2016 # a Go template, not shell
+  k get nodes -o go-template='{{range .items}}{{$n := .metadata.name}}{{range $k, $v := .metadata.labels}}{{$n}}:{{$k}}={{$v}}{{"\n"}}{{end}}{{end}}' |
+    grep -E "^($nodes):(feature\.node\.kubernetes\.io/|nvidia\.com/(gpu\.|mig\.|cuda\.))" || true
+}
+stamped="$(discovery_labels real-gpu-0 real-gpu-1 real-gpu-2 "$GPULESS_NODE")"
+if [[ "$(grep -c '^v1.36.3 containerd://2.4.2 198.18.' <<<"$info")" == 2 && -z "$stamped" ]]; then
+  pass "real nodes run kubelet v1.36.3 and containerd v2.4.2, with no GPU label from the harness: $(tr '\n' ';' <<<"$info")"
 else
-  fail "unexpected real node info: $info"
+  fail "unexpected real node info: $info; labels from the harness: $(tr '\n' ' ' <<<"$stamped")"
 fi
 
 k create namespace "$NS" >/dev/null
@@ -255,7 +269,7 @@ t0=$SECONDS
 "$BIN_DIR/helm" --kubeconfig "$KUBECONFIG_FILE" upgrade --install gpu-operator "$REPO_DIR/charts/gpu-operator" \
   --namespace "$GNS" --create-namespace --set gpuCluster.enabled=true --set driver.enabled=false \
   --set 'operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE' --set 'operator.env[0].value=dra' \
-  --set gpuCluster.migration.drain=wait >/dev/null
+  --set gpuCluster.migration.drain=wait --set nodeDiscovery.intervalSeconds=3 >/dev/null
 gc_ready() { [[ "$(k get gpucluster gpu-cluster -o jsonpath='{.status.state}')" == ready ]]; }
 if wait_until 300 gc_ready; then
   pods="$(k -n "$GNS" get pods --no-headers -o wide | awk '{print $1" "$2" "$3" "$7}' | tr '\n' ';')"
@@ -306,6 +320,43 @@ if [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 && "$(slice_uuids real-gp
   pass "gpu-kubelet-plugin pods registered with the real kubelets and published 4 + 2 GPUs and $migs MIG devices"
 else
   fail "ResourceSlices: real-gpu-0 $(slice_uuids real-gpu-0 | wc -l), real-gpu-1 $(slice_uuids real-gpu-1 | wc -l) GPUs, $MIG_NODE $migs MIG devices"
+fi
+
+# GPU discovery: what the agent wrote on each real node, from its PCI bus and the driver's NVML.
+# gfd_labels NODE: the labels a workload author selects on, as GPU feature discovery names them.
+gfd_labels() {
+  k get node "$1" -o jsonpath='{.metadata.labels.feature\.node\.kubernetes\.io/pci-10de\.present} {.metadata.labels.nvidia\.com/gpu\.product} {.metadata.labels.nvidia\.com/gpu\.count} {.metadata.labels.nvidia\.com/gpu\.memory} {.metadata.labels.nvidia\.com/gpu\.family} {.metadata.labels.nvidia\.com/gpu\.compute\.major}.{.metadata.labels.nvidia\.com/gpu\.compute\.minor} {.metadata.labels.nvidia\.com/mig\.capable} {.metadata.labels.nvidia\.com/cuda\.driver-version\.full} {.metadata.labels.nvidia\.com/cuda\.runtime-version\.full}'
+}
+owned_of() { k get node "$1" -o jsonpath='{.metadata.annotations.gpu-operator-rs\.dev/discovery-labels}'; }
+discovered="$(for n in real-gpu-0 real-gpu-1 real-gpu-2; do echo "$n: $(gfd_labels "$n")"; done)"
+expected="real-gpu-0: true NVIDIA-H100-80GB-HBM3 4 81559 hopper 9.0 true 580.95.05 13.0
+real-gpu-1: true NVIDIA-L4 2 23034 ada-lovelace 8.9 false 580.95.05 13.0
+real-gpu-2: true NVIDIA-A100-SXM4-40GB 2 40960 ampere 8.0 true 580.95.05 13.0"
+gpuless_pods="$(k -n "$GNS" get pods --field-selector "spec.nodeName=$GPULESS_NODE" -o jsonpath='{.items[*].metadata.labels.app\.kubernetes\.io/name}')"
+if [[ "$discovered" == "$expected" && "$(owned_of real-gpu-0)" == *feature.node.kubernetes.io/pci-10de.present* &&
+  -z "$(discovery_labels "$GPULESS_NODE")$(owned_of "$GPULESS_NODE")" && "$gpuless_pods" == gpu-node-discovery ]]; then
+  pass "gpu-node-discovery labelled the GPU nodes from their PCI bus and NVML (recording its keys in an annotation), and the node with no NVIDIA function not at all, which runs no GPU operand: $(tr '\n' ';' <<<"$discovered")"
+else
+  fail "discovery labels: $(tr '\n' ';' <<<"$discovered") (owned on real-gpu-0: $(owned_of real-gpu-0)); on $GPULESS_NODE: '$(discovery_labels "$GPULESS_NODE" | tr '\n' ' ')' '$(owned_of "$GPULESS_NODE")', its pods of the release: '$gpuless_pods'"
+fi
+# The agent's confinement, as its own pod's token sees it (read where the kubelet projected it).
+agent_pod="$(k -n "$GNS" get pods -l app.kubernetes.io/name=gpu-node-discovery --field-selector spec.nodeName=real-gpu-0 -o jsonpath='{.items[0].metadata.name} {.items[0].metadata.uid}')"
+agent_token="$("$HACK_DIR/cluster" node-exec real-gpu-0 sh -c "cat /var/lib/kubelet/pods/${agent_pod#* }/volumes/kubernetes.io~projected/*/token")"
+api_server="$(k config view -o jsonpath='{.clusters[0].cluster.server}')"
+as_agent() {
+  "$BIN_DIR/kubectl" --kubeconfig /dev/null --server "$api_server" --certificate-authority "$CLUSTER_DIR/pki/ca.crt" \
+    --token "$agent_token" "$@" --dry-run=server 2>&1 || true
+}
+own_key="$(as_agent label node real-gpu-0 nvidia.com/gpu.family=test --overwrite)"
+other_node="$(as_agent label node real-gpu-1 nvidia.com/gpu.family=test --overwrite)"
+other_key="$(as_agent label node real-gpu-0 example.com/team=gpu)"
+cordon="$(as_agent patch node real-gpu-0 -p '{"spec":{"unschedulable":true}}')"
+if [[ "$own_key" == *"labeled (server dry run)"* && "$other_node" == *"may only change its own Node (real-gpu-0), not real-gpu-1"* &&
+  "$other_key" == *"may only change GPU discovery labels, not example.com/team"* &&
+  "$cordon" == *"may only change labels and annotations of a Node"* ]]; then
+  pass "the discovery agent's own token (pod ${agent_pod% *}) may change its GPU labels on its node, and is refused another node, another label key and spec.unschedulable"
+else
+  fail "discovery agent's token: own key -> '$own_key'; other node -> '$other_node'; other key -> '$other_key'; cordon -> '$cordon'"
 fi
 
 # RBAC and admission as our pods' own tokens see them.
@@ -972,6 +1023,36 @@ else
 fi
 k -n default delete deployment gpu-app --wait=false >/dev/null
 k -n default delete pdb gpu-app >/dev/null
+
+# GPU discovery on a running node with no GPU: a GPU appears on its PCI bus, then its driver comes up
+# (a driver container's root in /run/nvidia/driver); nothing is restarted or reinstalled.
+agent_before="$(k -n "$GNS" get pods -l app.kubernetes.io/name=gpu-node-discovery --field-selector "spec.nodeName=$GPULESS_NODE" -o jsonpath='{.items[0].metadata.name} {.items[0].status.containerStatuses[0].restartCount}')"
+t0=$SECONDS
+"$HACK_DIR/cluster" plug-gpus "$GPULESS_NODE" l4 1
+gpu_seen() {
+  [[ "$(k get node "$GPULESS_NODE" -o jsonpath='{.metadata.labels.feature\.node\.kubernetes\.io/pci-10de\.present}/{.metadata.labels.nvidia\.com/gpu\.product}/{.metadata.labels.nvidia\.com/gpu\.present}')" == "true//true" ]]
+}
+if wait_until 60 gpu_seen; then
+  pass "a GPU on $GPULESS_NODE's PCI bus, no driver yet: pci-10de.present=true from discovery in $((SECONDS - t0))s, gpu.present=true from the labeler, no driver label yet"
+else
+  fail "after plugging a GPU into $GPULESS_NODE: '$(gfd_labels "$GPULESS_NODE")', gpu.present '$(k get node "$GPULESS_NODE" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.present}')'"
+fi
+t0=$SECONDS
+"$HACK_DIR/cluster" install-driver "$GPULESS_NODE" l4 1
+gpu_node_ready() {
+  [[ "$(gfd_labels "$GPULESS_NODE")" == "true NVIDIA-L4 1 23034 ada-lovelace 8.9 false 580.95.05 13.0" &&
+    "$(stack_of "$GPULESS_NODE")" == "dra true " && "$(slice_uuids "$GPULESS_NODE" | grep -c ^GPU-)" == 1 ]]
+}
+if wait_until 240 gpu_node_ready; then
+  agent_after="$(k -n "$GNS" get pods -l app.kubernetes.io/name=gpu-node-discovery --field-selector "spec.nodeName=$GPULESS_NODE" -o jsonpath='{.items[0].metadata.name} {.items[0].status.containerStatuses[0].restartCount}')"
+  if [[ "$agent_after" == "$agent_before" ]]; then
+    pass "once its driver came up, $GPULESS_NODE became a DRA GPU node in $((SECONDS - t0))s: GPU feature discovery's labels, readiness labels, its GPU in a ResourceSlice; the discovery pod never restarted ($agent_after)"
+  else
+    fail "the discovery pod on $GPULESS_NODE changed: before '$agent_before', after '$agent_after'"
+  fi
+else
+  fail "$GPULESS_NODE with a GPU and a driver: labels '$(gfd_labels "$GPULESS_NODE")', stack '$(stack_of "$GPULESS_NODE")', slices $(slice_uuids "$GPULESS_NODE" | wc -l); pods: $(k -n "$GNS" get pods --field-selector "spec.nodeName=$GPULESS_NODE" --no-headers 2>&1 | tr '\n' ';')"
+fi
 
 # Uninstall: nothing of ours is left on the nodes or in the API.
 k -n default delete pod gpu-workload two-gpus after-restart --wait=true >/dev/null
