@@ -382,9 +382,10 @@ pub fn plan_node(
     let kill_switch = value(labels, l::DEPLOY_OPERANDS) == Some("false");
     let stripped = !gpu || kill_switch || (active_cr && (opted_out || excluded));
     if stripped {
-        // Not (or no longer) a GPU node, operands switched off, opted out, or a control-plane
-        // node no rule names: nothing of ours stays.
-        for key in owned_keys() {
+        // Not (or not yet) a GPU node, operands switched off, opted out, or a control-plane
+        // node no rule names: nothing of ours stays. A `false` is an admin's opt-out, never
+        // ours, and stays: it still holds when GPU discovery labels the node later.
+        for key in owned_keys().filter(|k| value(labels, k) != Some("false")) {
             desired.insert(key, None);
         }
     } else if let (Some(mode), true) = (mode, active_cr) {
@@ -956,6 +957,31 @@ mod tests {
         ] {
             assert!(!p.labels.contains_key(key), "{key}");
         }
+    }
+
+    #[test]
+    fn an_admins_opt_out_outlives_a_node_not_yet_labelled_a_gpu_node() {
+        // Before GPU discovery has labelled the node, it is no GPU node: our keys go, the
+        // admin's `false` stays, and holds once the node turns out to have GPUs.
+        let node = [
+            (MODE, "dra"),
+            (l::DEPLOY_DRA_VALIDATOR, "false"),
+            (l::DEPLOY_DCGM_EXPORTER_DRA, "false"),
+            (DRA, "true"),
+        ];
+        let before = labels_after(&node, &GC, GpuClaims::None);
+        assert!(!before.contains_key(DRA));
+        assert_eq!(before[l::DEPLOY_DRA_VALIDATOR], "false");
+        assert_eq!(before[l::DEPLOY_DCGM_EXPORTER_DRA], "false");
+        let mut discovered: Vec<(&str, &str)> = before
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        discovered.push((NFD, "true"));
+        let after = labels_after(&discovered, &GC, GpuClaims::None);
+        assert_eq!(after[DRA], "true");
+        assert_eq!(after[l::DEPLOY_DRA_VALIDATOR], "false");
+        assert_eq!(after[l::DEPLOY_DCGM_EXPORTER_DRA], "false");
     }
 
     #[test]
