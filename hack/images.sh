@@ -9,9 +9,10 @@
 #   ghcr.io/gpu-operator-rs/gpu-kubelet-plugin:<appVersion>  gpu-kubelet-plugin, gpu-device-plugin,
 #                                                             gpu-node-discovery
 # Stand-ins for images that cannot be fetched here (each says so in its log):
-#   nvcr.io/nvidia/cuda:12.6.2-base-ubi9                      the guide's workload image: an nvidia-smi of
-#                                                             ours (crates/nvidia-smi) that lists the GPUs
-#                                                             NVML shows the container
+#   nvcr.io/nvidia/cuda:12.6.2-base-ubi9                      the guide's workload image and a plain one:
+#   docker.io/library/ubuntu:24.04                            a shell, busybox tools and the C library,
+#                                                             no NVIDIA tool; nvidia-smi comes, as on a
+#                                                             real node, from the driver root through CDI
 #   nvcr.io/nvidia/k8s/dcgm-exporter, .../cloud-native/dcgm, nvcr.io/nvidia/dra-driver-nvidia-gpu
 #                                                             hack/cmd/standin: keeps the container alive
 #
@@ -93,11 +94,20 @@ image gpu-kubelet-plugin.tar -name "$REPO/gpu-kubelet-plugin:$APP_VERSION" -entr
   -add "$TARGET/gpu-node-discovery:/usr/local/bin/gpu-node-discovery:0755" \
   $(glibc_args "$TARGET/gpu-kubelet-plugin" "$TARGET/gpu-device-plugin" "$TARGET/gpu-node-discovery") $(base_args)
 
+# workload_args: a plain Linux userland for the workload stand-ins: busybox's shell and tools and the
+# C library a binary of this host (the driver's nvidia-smi stand-in, injected by CDI) needs.
+workload_args() {
+  echo "-add /bin/busybox:/usr/bin/busybox:0755 -link bin:usr/bin"
+  for t in "${BUSYBOX_TOOLS[@]}"; do echo "-link usr/bin/$t:busybox"; done
+  glibc_args "$TARGET/nvidia-smi"
+  base_args
+}
+
 # shellcheck disable=SC2046
 image cuda-standin.tar -name nvcr.io/nvidia/cuda:12.6.2-base-ubi9 -entrypoint /bin/sh \
-  -env NVIDIA_VISIBLE_DEVICES=all -add "$TARGET/nvidia-smi:/usr/bin/nvidia-smi:0755" \
-  -add /bin/busybox:/usr/bin/busybox:0755 $(for t in "${BUSYBOX_TOOLS[@]}"; do echo "-link usr/bin/$t:busybox"; done) \
-  -link bin:usr/bin $(glibc_args "$TARGET/nvidia-smi") $(base_args)
+  -env NVIDIA_VISIBLE_DEVICES=all $(workload_args)
+# shellcheck disable=SC2046
+image ubuntu-standin.tar -name docker.io/library/ubuntu:24.04 -cmd /bin/sh $(workload_args)
 
 for ref in "${NVIDIA_STANDINS[@]}"; do
   [[ -n "$ref" ]] || { echo "images: an NVIDIA image name was not found in crates/operator/src/main.rs" >&2; exit 1; }

@@ -332,12 +332,15 @@ discovered="$(for n in real-gpu-0 real-gpu-1 real-gpu-2; do echo "$n: $(gfd_labe
 expected="real-gpu-0: true NVIDIA-H100-80GB-HBM3 4 81559 hopper 9.0 true 580.95.05 13.0
 real-gpu-1: true NVIDIA-L4 2 23034 ada-lovelace 8.9 false 580.95.05 13.0
 real-gpu-2: true NVIDIA-A100-SXM4-40GB 2 40960 ampere 8.0 true 580.95.05 13.0"
-gpuless_pods="$(k -n "$GNS" get pods --field-selector "spec.nodeName=$GPULESS_NODE" -o jsonpath='{.items[*].metadata.labels.app\.kubernetes\.io/name}')"
+# The release's node agents there (DaemonSet pods; a Deployment's pod may land on any node).
+gpuless_pods="$(k -n "$GNS" get pods --field-selector "spec.nodeName=$GPULESS_NODE" \
+  -o jsonpath='{range .items[*]}{.metadata.ownerReferences[0].kind} {.metadata.labels.app\.kubernetes\.io/name}{"\n"}{end}' |
+  awk '$1 == "DaemonSet" {print $2}' | paste -sd' ')"
 if [[ "$discovered" == "$expected" && "$(owned_of real-gpu-0)" == *feature.node.kubernetes.io/pci-10de.present* &&
   -z "$(discovery_labels "$GPULESS_NODE")$(owned_of "$GPULESS_NODE")" && "$gpuless_pods" == gpu-node-discovery ]]; then
   pass "gpu-node-discovery labelled the GPU nodes from their PCI bus and NVML (recording its keys in an annotation), and the node with no NVIDIA function not at all, which runs no GPU operand: $(tr '\n' ';' <<<"$discovered")"
 else
-  fail "discovery labels: $(tr '\n' ';' <<<"$discovered") (owned on real-gpu-0: $(owned_of real-gpu-0)); on $GPULESS_NODE: '$(discovery_labels "$GPULESS_NODE" | tr '\n' ' ')' '$(owned_of "$GPULESS_NODE")', its pods of the release: '$gpuless_pods'"
+  fail "discovery labels: $(tr '\n' ';' <<<"$discovered") (owned on real-gpu-0: $(owned_of real-gpu-0)); on $GPULESS_NODE: '$(discovery_labels "$GPULESS_NODE" | tr '\n' ' ')' '$(owned_of "$GPULESS_NODE")', its DaemonSet pods: '$gpuless_pods'"
 fi
 # The agent's confinement, as its own pod's token sees it (read where the kubelet projected it).
 agent_pod="$(k -n "$GNS" get pods -l app.kubernetes.io/name=gpu-node-discovery --field-selector spec.nodeName=real-gpu-0 -o jsonpath='{.items[0].metadata.name} {.items[0].metadata.uid}')"
@@ -392,7 +395,8 @@ fi
 
 # gpu_pod NAME NODE COUNT [CLASS [CEL [SCRIPT]]]: the guide's claim template and pod, COUNT devices of
 # CLASS (gpu.nvidia.com), CEL an extra selector, pinned to NODE unless it is empty; its container runs
-# SCRIPT, by default LIST_GPUS: nvidia-smi -L, its /dev/nvidia<minor> nodes, and NVML's library.
+# SCRIPT, by default LIST_GPUS: nvidia-smi -L, its /dev/nvidia<minor> nodes, and NVML's library. Its
+# image is the guide's unless WORKLOAD_IMAGE names another.
 LIST_GPUS="nvidia-smi -L; ls /dev | grep '^nvidia[0-9]'; test -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 && echo nvml-present"
 gpu_pod() {
   local name=$1 node=$2 count=$3 class=${4:-gpu.nvidia.com} cel=${5:-} script=${6:-$LIST_GPUS} pin="" select=""
@@ -423,7 +427,7 @@ spec:
   resourceClaims: [{name: gpu, resourceClaimTemplateName: $name}]
   containers:
   - name: workload
-    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
+    image: ${WORKLOAD_IMAGE:-nvcr.io/nvidia/cuda:12.6.2-base-ubi9}
     command: ["sh", "-c", "$script"]
     resources:
       claims: [{name: gpu}]
@@ -488,6 +492,26 @@ EOF
 }
 gpu_pod gpu-workload real-gpu-0 1
 check_gpu_pod gpu-workload real-gpu-0 1
+# A plain image with no NVIDIA tool: nvidia-smi and NVML come from the node's driver through CDI.
+WORKLOAD_IMAGE=docker.io/library/ubuntu:24.04 gpu_pod plain-image real-gpu-1 1
+check_gpu_pod plain-image real-gpu-1 1
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: plain-no-claim, namespace: default}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: real-gpu-1}
+  containers:
+  - {name: plain, image: "docker.io/library/ubuntu:24.04", command: [sh, -c, "command -v nvidia-smi || echo no-nvidia-smi"]}
+EOF
+if wait_until 60 finished plain-no-claim && [[ "$(k -n default logs plain-no-claim)" == no-nvidia-smi ]]; then
+  pass "the same plain image without a claim has no nvidia-smi: the driver's came with the GPU"
+else
+  fail "plain-no-claim: $(pod_phase plain-no-claim): $(k -n default logs plain-no-claim 2>&1 | tr '\n' ' ')"
+fi
+k -n default delete pod plain-image plain-no-claim --wait=true >/dev/null
 # extended_pod NAME RESOURCE PIN NODE: a pod asking RESOURCE: 1 with no claim in its manifest (pinned
 # to PIN unless empty) ran on NODE seeing one of its GPUs, through the DRA claim the scheduler made.
 extended_pod() {

@@ -1,5 +1,6 @@
-//! `nvidia-smi` for the local cluster's stand-in of the guide's workload image
-//! (`nvcr.io/nvidia/cuda:12.6.2-base-ubi9`, which cannot be fetched here).
+//! `nvidia-smi` of the local cluster's fake driver installs (`hack/fake-driver-root` puts it in the
+//! driver root's `usr/bin`, from where the plugins' CDI specs mount it into GPU containers, as a real
+//! driver's is), so any image, the guide's or a plain one, can list its GPUs.
 //!
 //! Like the real tool it loads `libnvidia-ml.so.1` through the dynamic loader's search path, so it
 //! sees what the container runtime injected through CDI and nothing else, and prints what NVML
