@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
-const PROTOS: [&str; 5] = [
+const PROTOS: [&str; 6] = [
     "dra/v1/api.proto",
     "dra/v1beta1/api.proto",
     "pluginregistration/v1/api.proto",
+    "dra-health/v1/api.proto",
     "dra-health/v1alpha1/api.proto",
     "grpc/health/v1/health.proto",
 ];

@@ -1,5 +1,6 @@
 //! The health of the node's devices as the scheduler and the kubelet see it: device taints in the
-//! ResourceSlices, and the kubelet's health stream (`v1alpha1.DRAResourceHealth`).
+//! ResourceSlices, and the kubelet's health stream (`v1.DRAResourceHealth` for kubelet 1.37,
+//! `v1alpha1.DRAResourceHealth` for 1.34 to 1.36: the same messages, both served).
 //!
 //! A GPU's health comes from `gpu_discovery::health` and holds for every device of that GPU, its
 //! MIG devices included. Taints (keys in `api::contract::taints`):
@@ -16,8 +17,9 @@
 //! `UNKNOWN` for every device.
 
 use crate::devices::DeviceTable;
-use crate::proto::health_v1alpha1 as pb;
+use crate::proto::{health_v1, health_v1alpha1 as pb};
 use api::contract::taints;
+use futures::StreamExt;
 use gpu_discovery::health::{Fault, Severity};
 use jiff::Timestamp;
 use k8s_openapi::api::resource::v1::DeviceTaint;
@@ -28,8 +30,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-/// The `supported_versions` entry that tells the kubelet the health stream is served.
-pub const SERVICE_NAME: &str = "v1alpha1.DRAResourceHealth";
+/// The `supported_versions` entries that tell the kubelet the health stream is served, newest
+/// first: a kubelet takes the first it knows.
+pub const SERVICE_NAMES: [&str; 2] = ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
 /// How often the full list is sent again while nothing changes: the kubelet counts a device
 /// whose health was not repeated for 30 s (its default timeout) as unknown.
 pub const REPEAT: Duration = Duration::from_secs(10);
@@ -152,25 +155,22 @@ impl HealthStream {
         self
     }
 
-    /// The gRPC server.
+    /// The gRPC server of the v1alpha1 service.
     pub fn into_server(self) -> pb::dra_resource_health_server::DraResourceHealthServer<Self> {
         pb::dra_resource_health_server::DraResourceHealthServer::new(self)
     }
-}
 
-type Messages =
-    Pin<Box<dyn futures::Stream<Item = Result<pb::NodeWatchResourcesResponse, Status>> + Send>>;
+    /// The gRPC server of the v1 service.
+    pub fn into_v1_server(
+        self,
+    ) -> health_v1::dra_resource_health_server::DraResourceHealthServer<Self> {
+        health_v1::dra_resource_health_server::DraResourceHealthServer::new(self)
+    }
 
-#[tonic::async_trait]
-impl pb::dra_resource_health_server::DraResourceHealth for HealthStream {
-    type NodeWatchResourcesStream = Messages;
-
-    async fn node_watch_resources(
-        &self,
-        _: Request<pb::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let this = self.clone();
-        let stream = futures::stream::unfold((this, true), |(mut this, first)| async move {
+    /// The stream's messages: the full list at once, then on every change and every [`REPEAT`],
+    /// until the view's sender or the plugin stops.
+    fn messages(&self) -> impl futures::Stream<Item = pb::NodeWatchResourcesResponse> + use<> {
+        futures::stream::unfold((self.clone(), true), |(mut this, first)| async move {
             if !first {
                 // A change, or the repeat that keeps the kubelet from timing the devices out;
                 // the stream ends with the plugin.
@@ -196,9 +196,35 @@ impl pb::dra_resource_health_server::DraResourceHealth for HealthStream {
                 let view = this.view.borrow_and_update();
                 stream_message(&this.table, &view, &this.pool, Timestamp::now())
             };
-            Some((Ok(message), (this, false)))
-        });
-        Ok(Response::new(Box::pin(stream)))
+            Some((message, (this, false)))
+        })
+    }
+}
+
+type Messages =
+    Pin<Box<dyn futures::Stream<Item = Result<pb::NodeWatchResourcesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::dra_resource_health_server::DraResourceHealth for HealthStream {
+    type NodeWatchResourcesStream = Messages;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<pb::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        Ok(Response::new(Box::pin(self.messages().map(Ok))))
+    }
+}
+
+#[tonic::async_trait]
+impl health_v1::dra_resource_health_server::DraResourceHealth for HealthStream {
+    type NodeWatchResourcesStream = Messages;
+
+    async fn node_watch_resources(
+        &self,
+        request: Request<pb::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        pb::dra_resource_health_server::DraResourceHealth::node_watch_resources(self, request).await
     }
 }
 

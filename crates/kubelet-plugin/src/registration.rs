@@ -43,7 +43,7 @@ impl RegistrationService {
         }
     }
 
-    /// Also advertises the health stream ([`crate::device_health::SERVICE_NAME`]), which the
+    /// Also advertises the health stream ([`crate::device_health::SERVICE_NAMES`]), which the
     /// kubelet then opens on the DRA socket.
     pub fn with_resource_health(mut self) -> Self {
         self.resource_health = true;
@@ -73,7 +73,9 @@ impl Registration for RegistrationService {
                 .copied()
                 .chain(
                     self.resource_health
-                        .then_some(crate::device_health::SERVICE_NAME),
+                        .then_some(crate::device_health::SERVICE_NAMES)
+                        .into_iter()
+                        .flatten(),
                 )
                 .map(str::to_owned)
                 .collect(),

@@ -92,14 +92,12 @@ impl Sockets {
             .registration
             .take_listener()
             .expect("listener taken once");
+        let health = self.health.take().map(|h| h.stop_on(stop_rx.clone()));
         let dra_server = Server::builder()
             .add_service(dra.v1())
             .add_service(dra.v1beta1())
-            .add_optional_service(
-                self.health
-                    .take()
-                    .map(|h| h.stop_on(stop_rx.clone()).into_server()),
-            )
+            .add_optional_service(health.clone().map(HealthStream::into_v1_server))
+            .add_optional_service(health.map(HealthStream::into_server))
             .serve_with_incoming_shutdown(
                 crate::grpc_uds::incoming(dra_listener),
                 stopped(stop_rx.clone()),

@@ -223,8 +223,8 @@ async fn liveness_check_follows_the_sockets() {
     server.await.unwrap().unwrap();
 }
 
-/// The kubelet's health stream: advertised at registration, served on the DRA socket, a full
-/// list at once, then a message on every change.
+/// The kubelet's health stream: advertised at registration (v1 first, for kubelet 1.37, then
+/// v1alpha1), both served on the DRA socket, a full list at once, then a message on every change.
 #[tokio::test]
 async fn the_health_stream_reports_every_device_and_each_change() {
     use kubelet_plugin::device_health::{GpuFault, HealthStream, HealthView};
@@ -262,6 +262,7 @@ async fn the_health_stream_reports_every_device_and_each_change() {
         [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth"
         ]
     );
@@ -302,6 +303,31 @@ async fn the_health_stream_reports_every_device_and_each_change() {
         .unwrap()
         .unwrap();
     assert_eq!(not_healthy(changed), ["node-a/gpu-1 Unhealthy"]);
+
+    // Kubelet 1.37 opens v1: the same list, the fault in it from the first message.
+    use kubelet_plugin::proto::health_v1;
+    let mut v1 = health_v1::dra_resource_health_client::DraResourceHealthClient::new(
+        connect_unix(&paths.dra).await.unwrap(),
+    );
+    let first_v1 = v1
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    let unhealthy_v1: Vec<String> = first_v1
+        .devices
+        .iter()
+        .filter(|d| d.health() == HealthStatus::Unhealthy)
+        .map(|d| d.device.as_ref().unwrap().device_name.clone())
+        .collect();
+    assert_eq!(
+        (first_v1.devices.len(), unhealthy_v1),
+        (8, vec!["gpu-1".to_owned()])
+    );
 
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
