@@ -15,7 +15,7 @@ export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health demo help
+.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health bench-time-to-gpu demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -65,6 +65,9 @@ bench-prepare: hack-tools ## Prepare/unprepare as the kubelet times them, one at
 
 bench-health: hack-tools ## NVML fault to device taint latency, and API writes of a healthy node over 5 idle minutes (not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-health.sh
+
+bench-time-to-gpu: hack-tools ## A new real GPU node's kubelet registering to its first GPU pod Running, step by step (root; not part of make test)
+	CACHE_DIR=$(CACHE_DIR) hack/bench-time-to-gpu.sh
 
 demo: bootstrap ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
 	CACHE_DIR=$(CACHE_DIR) hack/demo.sh

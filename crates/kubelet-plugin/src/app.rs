@@ -272,15 +272,26 @@ async fn rebuild(client: &kube::Client, driver: &Driver<PrefetchedClaims>, node:
     }
 }
 
-/// Publishes the slices forever; reading the Node is retried, never fatal, so the kubelet
-/// keeps being served while the API is unreachable.
+/// Publishes the slices forever, from the moment the kubelet first registered the plugin: a slice
+/// is an offer, and a claim the scheduler placed on it before the kubelet could call the plugin
+/// fails its first prepare and waits for the kubelet's next pod sync (over a minute). Reading the
+/// Node is retried, never fatal, so the kubelet keeps being served while the API is unreachable.
 async fn publish(
     client: kube::Client,
     node: String,
     table: Arc<DeviceTable>,
     health: watch::Receiver<HealthView>,
     offers: watch::Receiver<Vec<SharedOffer>>,
+    mut registration: watch::Receiver<RegistrationState>,
 ) {
+    if registration
+        .wait_for(|s| *s == RegistrationState::Registered)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    tracing::info!(%node, "registered with the kubelet; publishing the ResourceSlices");
     loop {
         let publisher = Publisher::new(
             client.clone(),
@@ -392,13 +403,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The GPU classes' shared offers: which GPUs are also published in shares.
     let (offers_tx, offers_rx) = watch::channel(Vec::new());
     tokio::spawn(crate::sharing::follow_classes(client.clone(), offers_tx));
-    tokio::spawn(publish(
-        client.clone(),
-        config.node_name.clone(),
-        table,
-        view_rx.clone(),
-        offers_rx,
-    ));
 
     let shutdown = service::shutdown::Shutdown::on_signal();
     let paths = SocketPaths::new(
@@ -408,6 +412,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let sockets = Sockets::bind(&paths)?.with_health(health_stream);
     let registration =
         RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy()).with_resource_health();
+    tokio::spawn(publish(
+        client.clone(),
+        config.node_name.clone(),
+        table,
+        view_rx.clone(),
+        offers_rx,
+        registration.state(),
+    ));
     let ready = service::http::Health::default();
     let mut registered = registration.state();
     tokio::spawn(crate::physical_gpus::follow(
