@@ -2,7 +2,7 @@
 # hack/cluster script, and the cluster smoke test that `make test` runs. Included by the root Makefile.
 # See hack/README.md.
 
-HACK_K8S_VERSION := v1.36.3
+HACK_K8S_VERSION := v1.37.2
 HACK_KWOK_VERSION := v0.8.0
 HACK_HELM_VERSION := v4.3.2
 # The real nodes' container runtime (a module of its own: hack/containerd/go.mod).

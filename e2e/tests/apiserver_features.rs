@@ -1,7 +1,7 @@
 //! What the operator does on an apiserver that lacks part of DRA: without `resource.k8s.io/v1` the
-//! GPUCluster says so in its Error condition; with a DRA feature gate off it names the feature and
-//! what does not work without it, and renders without the feature's fields. Each test brings up a
-//! small cluster of its own.
+//! GPUCluster says so in its Error condition; with DRA feature gates off it names each feature and
+//! what does not work without it, and keeps what is served. Each test brings up a small cluster of
+//! its own.
 
 use std::time::Duration;
 
@@ -64,7 +64,7 @@ async fn gpucluster_reports_a_cluster_without_the_dra_api() -> anyhow::Result<()
     let cluster = OwnCluster::up(
         shared.cluster_dir.join("no-dra-api"),
         28100,
-        "resource.k8s.io/v1=false,scheduling.k8s.io/v1alpha2=true",
+        "resource.k8s.io/v1=false,scheduling.k8s.io/v1beta1=true",
     )?;
     let (operator, gcs, _) =
         operator_with_gpu_cluster(&cluster, &shared, "no-dra-api-operator", "127.0.0.1:18095")
@@ -94,8 +94,10 @@ async fn gpucluster_names_the_dra_features_the_apiserver_lacks() -> anyhow::Resu
     let cluster = OwnCluster::up_with_gates_off(
         shared.cluster_dir.join("gates-off"),
         28300,
-        "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,scheduling.k8s.io/v1alpha2=true",
-        "DRAExtendedResource,DRAConsumableCapacity",
+        "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,scheduling.k8s.io/v1beta1=true",
+        // Gates 1.37 still lets an admin switch off (DRAExtendedResource is GA and locked on there);
+        // DRADeviceTaintRules depends on DRADeviceTaints.
+        "DRADeviceTaints,DRADeviceTaintRules,DRAConsumableCapacity",
     )?;
     let (operator, gcs, client) =
         operator_with_gpu_cluster(&cluster, &shared, "gates-off-operator", "127.0.0.1:18096")
@@ -111,19 +113,19 @@ async fn gpucluster_names_the_dra_features_the_apiserver_lacks() -> anyhow::Resu
     assert_eq!(features.status, "False");
     assert_eq!(features.reason, "FeaturesMissing");
     for named in [
-        "DRAExtendedResource is off: pods asking for nvidia.com/gpu cannot run on DRA nodes",
+        "DRADeviceTaints is off: a failing GPU cannot be tainted in its ResourceSlice",
         "DRAConsumableCapacity is off",
     ] {
         assert!(features.message.contains(named), "{}", features.message);
     }
     for served in [
-        "DRADeviceTaints",
+        "DRAExtendedResource",
         "DRAPartitionableDevices",
         "DRADeviceBinding",
     ] {
         assert!(!features.message.contains(served), "{}", features.message);
     }
-    // The class is rendered without the field the apiserver would drop.
+    // The class keeps the field the apiserver serves.
     let classes: Api<DeviceClass> = Api::all(client.clone());
     let gpu = eventually(
         Duration::from_secs(30),
@@ -132,6 +134,9 @@ async fn gpucluster_names_the_dra_features_the_apiserver_lacks() -> anyhow::Resu
     )
     .await
     .with_context(|| operator.log_tail())?;
-    assert_eq!(gpu.spec.extended_resource_name, None);
+    assert_eq!(
+        gpu.spec.extended_resource_name.as_deref(),
+        Some("nvidia.com/gpu")
+    );
     Ok(())
 }

@@ -937,7 +937,7 @@ async fn chart_install_fails_on_a_cluster_without_dra_api() -> anyhow::Result<()
     let cluster = e2e::helm::OwnCluster::up(
         shared.cluster_dir.join("chart-no-dra-api"),
         28200,
-        "resource.k8s.io/v1=false,scheduling.k8s.io/v1alpha2=true",
+        "resource.k8s.io/v1=false,scheduling.k8s.io/v1beta1=true",
     )?;
     let env = cluster.env(&shared);
     let out = helm_output(&env, &strs(&guide_install("driver.enabled=false")))?;

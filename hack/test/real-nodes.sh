@@ -86,8 +86,9 @@ discovery_labels() {
     grep -E "^($nodes):(feature\.node\.kubernetes\.io/|nvidia\.com/(gpu\.|mig\.|cuda\.))" || true
 }
 stamped="$(discovery_labels real-gpu-0 real-gpu-1 real-gpu-2 "$GPULESS_NODE")"
-if [[ "$(grep -c '^v1.36.3 containerd://2.4.2 198.18.' <<<"$info")" == 2 && -z "$stamped" ]]; then
-  pass "real nodes run kubelet v1.36.3 and containerd v2.4.2, with no GPU label from the harness: $(tr '\n' ';' <<<"$info")"
+k8s_version="$(sed -n 's/^HACK_K8S_VERSION := //p' "$HACK_DIR/cluster.mk")"
+if [[ "$(grep -c "^$k8s_version containerd://2.4.2 198.18." <<<"$info")" == 2 && -z "$stamped" ]]; then
+  pass "real nodes run kubelet $k8s_version and containerd v2.4.2, with no GPU label from the harness: $(tr '\n' ';' <<<"$info")"
 else
   fail "unexpected real node info: $info; labels from the harness: $(tr '\n' ' ' <<<"$stamped")"
 fi
