@@ -3,6 +3,9 @@
 # See hack/README.md.
 
 HACK_K8S_VERSION := v1.37.2
+# The oldest supported minor: make test runs a subset of the real-node test on it (hack/k8s-1.34, a
+# module of its own), and the default run gives one real node this kubelet under the newer apiserver.
+HACK_K8S_OLDEST := v1.34.12
 HACK_KWOK_VERSION := v0.8.0
 HACK_HELM_VERSION := v4.3.2
 # The real nodes' container runtime (a module of its own: hack/containerd/go.mod).
@@ -16,15 +19,15 @@ HACK_GOENV := GOMODCACHE=$(CACHE_DIR)/go/mod GOCACHE=$(CACHE_DIR)/go/build GOFLA
 HACK_GO := cd hack && env $(HACK_GOENV) go
 
 # Version strings stamped into the Kubernetes components (a plain build reports v0.0.0-master).
-HACK_K8S_MINOR := $(word 2,$(subst ., ,$(HACK_K8S_VERSION)))
-HACK_K8S_LDFLAGS := -s -w $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
-	-X $(p).gitVersion=$(HACK_K8S_VERSION) -X $(p).gitMajor=1 -X $(p).gitMinor=$(HACK_K8S_MINOR) \
+hack_k8s_ldflags = -s -w $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+	-X $(p).gitVersion=$(1) -X $(p).gitMajor=1 -X $(p).gitMinor=$(word 2,$(subst ., ,$(1))) \
 	-X $(p).gitTreeState=clean -X $(p).buildDate=1970-01-01T00:00:00Z)
 
 # Stamps are keyed by content, not file times: a fresh clone has new mtimes but needs no rebuild.
 hack_key = $(shell cat $(1) 2>/dev/null | sha256sum | cut -c1-16)
 HACK_MOD := hack/go.mod hack/go.sum
 HACK_K8S_STAMP := $(HACK_STAMPS)/k8s-$(HACK_K8S_VERSION)-$(call hack_key,$(HACK_MOD) hack/cmd/k8s/main.go)
+HACK_K8S_OLDEST_STAMP := $(HACK_STAMPS)/k8s-$(HACK_K8S_OLDEST)-$(call hack_key,hack/k8s-1.34/go.mod hack/k8s-1.34/go.sum hack/cmd/k8s/main.go)
 HACK_MINIKUBELET_STAMP := $(HACK_STAMPS)/mini-kubelet-$(call hack_key,$(HACK_MOD) $(wildcard hack/cmd/mini-kubelet/*.go))
 HACK_CDIVALIDATE_STAMP := $(HACK_STAMPS)/cdi-validate-$(call hack_key,$(HACK_MOD) $(wildcard hack/cmd/cdi-validate/*.go))
 HACK_FIXTURE_STAMP := $(HACK_STAMPS)/fake-dra-plugin-$(call hack_key,$(HACK_MOD) $(wildcard hack/test/fake-dra-plugin/*.go))
@@ -39,7 +42,7 @@ HACK_BUSYBOX_IMAGE := gpu-operator-rs.dev/test/busybox:1
 HACK_BUSYBOX_TOOLS := sh ls cat env echo sleep test grep true false wget nc ip mount stat find head tail wc
 HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
 
-.PHONY: images test-images hack-tools cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-cluster-suites test-real-nodes
+.PHONY: images test-images hack-tools hack-k8s-oldest cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-cluster-suites test-real-nodes test-real-nodes-oldest
 
 hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) $(HACK_CONTAINERD_STAMP) $(HACK_IMAGES_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
 	@for l in $(HACK_K8S_LINKS); do [ -L $(HACK_BIN)/$$l ] || ln -sfn k8s $(HACK_BIN)/$$l; done
@@ -47,9 +50,19 @@ hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP
 $(HACK_K8S_STAMP):
 	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
 	@echo "hack: building the Kubernetes $(HACK_K8S_VERSION) multi-call binary (cold: ~30 min on 2 cores)"
-	$(HACK_GO) build -trimpath -ldflags '$(HACK_K8S_LDFLAGS)' -o $(HACK_BIN)/k8s ./cmd/k8s
+	$(HACK_GO) build -trimpath -ldflags '$(call hack_k8s_ldflags,$(HACK_K8S_VERSION))' -o $(HACK_BIN)/k8s ./cmd/k8s
 	@for l in $(HACK_K8S_LINKS); do ln -sfn k8s $(HACK_BIN)/$$l; done
-	@rm -f $(HACK_STAMPS)/k8s-* && touch $@
+	@rm -f $(HACK_STAMPS)/k8s-$(HACK_K8S_VERSION)-* && touch $@
+
+# The same multi-call binary at the oldest supported minor, as $(HACK_BIN)/k8s-<version>: hack/cluster
+# runs it for K8S_VERSION or KUBELET_VERSIONS naming that version.
+hack-k8s-oldest: $(HACK_K8S_OLDEST_STAMP) ## Build Kubernetes $(HACK_K8S_OLDEST) for K8S_VERSION=$(HACK_K8S_OLDEST) hack/cluster up (make test builds it too)
+
+$(HACK_K8S_OLDEST_STAMP):
+	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
+	@echo "hack: building the Kubernetes $(HACK_K8S_OLDEST) multi-call binary (cold: ~11 min on 2 cores)"
+	cd hack/k8s-1.34 && env $(HACK_GOENV) go build -trimpath -ldflags '$(call hack_k8s_ldflags,$(HACK_K8S_OLDEST))' -o $(HACK_BIN)/k8s-$(HACK_K8S_OLDEST) .
+	@rm -f $(HACK_STAMPS)/k8s-$(HACK_K8S_OLDEST)-* && touch $@
 
 # containerd, ctr and the runc shim for the real nodes. Static (no cgo; btrfs, which needs cgo, left out).
 $(HACK_CONTAINERD_STAMP):
@@ -103,7 +116,8 @@ $(HACK_HELM_STAMP):
 		-ldflags '-s -w -X helm.sh/helm/v4/internal/version.version=$(HACK_HELM_VERSION)' helm.sh/helm/v4/cmd/helm@$(HACK_HELM_VERSION)
 	@rm -f $(HACK_STAMPS)/helm-* && touch $@
 
-cluster-up: hack-tools ## Start the local cluster (NODES fake GPU nodes, default 3); see hack/README.md
+# K8S_VERSION or KUBELET_VERSIONS naming the oldest supported version builds it first.
+cluster-up: hack-tools $(if $(filter $(HACK_K8S_OLDEST),$(K8S_VERSION) $(KUBELET_VERSIONS)),$(HACK_K8S_OLDEST_STAMP)) ## Start the local cluster (NODES fake GPU nodes, default 3; K8S_VERSION, KUBELET_VERSIONS); see hack/README.md
 	CACHE_DIR=$(CACHE_DIR) hack/cluster up
 
 cluster-down: ## Stop every process of the local cluster and remove its state
@@ -131,10 +145,18 @@ TEST_TARGETS += test-cluster-suites
 
 # Real nodes (a real kubelet, containerd and kube-proxy each) beside a KWOK node: pods, logs, exec,
 # Service VIP, pod to pod, a DRA claim prepared through the real kubelet with CDI injection, clean down.
-test-real-nodes: hack-tools ## Real-node smoke test: own cluster with 2 real nodes (hack/test/real-nodes.sh)
+# One of its real nodes runs the oldest supported kubelet under the default apiserver.
+test-real-nodes: hack-tools $(HACK_K8S_OLDEST_STAMP) ## Real-node test: own cluster with 4 real nodes, one on the oldest kubelet (hack/test/real-nodes.sh)
 	CACHE_DIR=$(CACHE_DIR) hack/test/real-nodes.sh
 
 TEST_TARGETS += test-real-nodes
+
+# The subset on the oldest supported minor, control plane and kubelets: install, a claim, a MIG claim,
+# health, a hand-over and back, uninstall.
+test-real-nodes-oldest: hack-tools $(HACK_K8S_OLDEST_STAMP) ## Real-node subset on Kubernetes $(HACK_K8S_OLDEST) (hack/test/real-nodes.sh with K8S_VERSION and SUBSET)
+	CACHE_DIR=$(CACHE_DIR) K8S_VERSION=$(HACK_K8S_OLDEST) SUBSET=oldest hack/test/real-nodes.sh
+
+TEST_TARGETS += test-real-nodes-oldest
 
 images: hack-tools ## The product's images (and stand-ins) as OCI archives in $(CACHE_DIR)/images, loaded into running real nodes
 	CACHE_DIR=$(CACHE_DIR) hack/images.sh

@@ -1,0 +1,1 @@
+../cmd/k8s/main.go
