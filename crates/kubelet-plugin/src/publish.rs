@@ -8,6 +8,11 @@
 //! without device taints (`DRADeviceTaints` off) drops them from what it stores; the publisher
 //! sees that in the write's answer and from then on leaves unhealthy devices out of the slices
 //! instead.
+//!
+//! GPU shares go the same way where the apiserver drops what they need (`DRAConsumableCapacity`
+//! or `DRAPartitionableDevices` off) or refuses their layout: Kubernetes 1.34 wants a device's
+//! counter set in the device's own slice and answers the 1.35 layout (counter sets in slices of
+//! their own) with 422. Either way the node's GPUs are published whole, unshared.
 
 use crate::device_health::{self, HealthView};
 use crate::devices::DeviceTable;
@@ -173,7 +178,20 @@ impl Publisher {
         let mut index = 0;
         while let Some(slice) = desired.get(index) {
             let name = slice.metadata.name.clone().unwrap_or_default();
-            let written = api.patch(&name, &params, &Patch::Apply(slice)).await?;
+            let written = match api.patch(&name, &params, &Patch::Apply(slice)).await {
+                Err(kube::Error::Api(status))
+                    if self.sharing_kept && refuses_sharing(slice, &status) =>
+                {
+                    tracing::warn!(node = %self.node.name, answer = %status.message, "the apiserver refuses shared devices in this layout (Kubernetes 1.34 does): no GPU is published in shares");
+                    self.sharing_kept = false;
+                    generation += 1;
+                    desired = self.desired(generation);
+                    self.awaiting.clear();
+                    index = 0;
+                    continue;
+                }
+                other => other?,
+            };
             let drops_taints = self.taints_kept && taints_dropped(slice, &written);
             if drops_taints {
                 tracing::warn!(node = %self.node.name, "the apiserver drops device taints (DRADeviceTaints is off): unhealthy devices are left out of the slices instead");
@@ -307,19 +325,35 @@ fn taints_dropped(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
 /// Whether `sent` had multi-allocatable devices or counter sets that `written` (what the
 /// apiserver stored) lacks.
 fn sharing_dropped(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
-    let multi =
-        |s: &ResourceSlice| {
-            s.spec.devices.iter().flatten().any(|d| {
-                d.allow_multiple_allocations == Some(true) || d.consumes_counters.is_some()
-            })
-        };
-    let counters = |s: &ResourceSlice| {
-        s.spec
-            .shared_counters
-            .as_ref()
-            .is_some_and(|c| !c.is_empty())
-    };
-    (multi(sent) && !multi(written)) || (counters(sent) && !counters(written))
+    (shared_devices(sent) && !shared_devices(written))
+        || (counter_sets(sent) && !counter_sets(written))
+}
+
+/// Whether a device of `slice` may be allocated many times or draws on counters.
+fn shared_devices(slice: &ResourceSlice) -> bool {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.allow_multiple_allocations == Some(true) || d.consumes_counters.is_some())
+}
+
+/// Whether `slice` carries counter sets.
+fn counter_sets(slice: &ResourceSlice) -> bool {
+    slice
+        .spec
+        .shared_counters
+        .as_ref()
+        .is_some_and(|c| !c.is_empty())
+}
+
+/// Whether the apiserver's answer to writing `sent` refuses the slice for its shares: a 422 about
+/// counters on a slice that carries counter consumption or counter sets.
+fn refuses_sharing(sent: &ResourceSlice, answer: &kube::core::Status) -> bool {
+    (shared_devices(sent) || counter_sets(sent))
+        && answer.code == 422
+        && answer.message.to_ascii_lowercase().contains("counter")
 }
 
 fn slices_in(store: &Store<ResourceSlice>) -> Vec<Arc<ResourceSlice>> {
@@ -347,15 +381,25 @@ mod tests {
 
     /// A publisher whose API keeps device taints or drops them, with the sender of its health.
     fn publisher_on(keeps_taints: bool) -> (Publisher, Writes, watch::Sender<HealthView>) {
-        let (publisher, writes, health, _) = publisher_with(keeps_taints, true);
+        let (publisher, writes, health, _) = publisher_with(keeps_taints, ApiSharing::Keeps);
         (publisher, writes, health)
     }
 
-    /// A publisher whose API keeps or drops device taints and shared devices, with the senders
-    /// of its health and of the classes' offers.
+    /// What the fake API does with shared devices and counter sets.
+    #[derive(Clone, Copy, PartialEq)]
+    enum ApiSharing {
+        Keeps,
+        /// Drops them from what it stores (their gates off).
+        Drops,
+        /// Answers a slice that consumes counters with 1.34's 422.
+        Refuses,
+    }
+
+    /// A publisher whose API keeps or drops device taints and treats shared devices as told,
+    /// with the senders of its health and of the classes' offers.
     fn publisher_with(
         keeps_taints: bool,
-        keeps_sharing: bool,
+        sharing: ApiSharing,
     ) -> (
         Publisher,
         Writes,
@@ -386,7 +430,21 @@ mod tests {
                     device.as_object_mut().unwrap().remove("taints");
                 }
             }
-            if !keeps_sharing {
+            let consumes = object.pointer("/spec/devices").is_some_and(|d| {
+                d.as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|d| d.get("consumesCounters").is_some())
+            });
+            if sharing == ApiSharing::Refuses && consumes {
+                let message = "ResourceSlice.resource.k8s.io \"x\" is invalid: spec.devices[0].consumesCounters[0].counterSet: Invalid value: \"gpu-0\": must reference a counterSet defined in the ResourceSlice sharedCounters";
+                return reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": message, "reason": "Invalid", "code": 422}),
+                );
+            }
+            if sharing == ApiSharing::Drops {
                 object["spec"]
                     .as_object_mut()
                     .map(|s| s.remove("sharedCounters"));
@@ -437,7 +495,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_class_offering_shares_republishes_the_pool_with_them() {
-        let (mut p, _writes, _health, offers) = publisher_with(true, true);
+        let (mut p, _writes, _health, offers) = publisher_with(true, ApiSharing::Keeps);
         assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Published(1));
         let first = p.desired(1);
         p.awaiting.clear();
@@ -460,7 +518,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_apiserver_without_sharing_gets_the_gpus_unshared() {
-        let (mut p, _writes, _health, offers) = publisher_with(true, false);
+        let (mut p, _writes, _health, offers) = publisher_with(true, ApiSharing::Drops);
         offers.send_replace(quarters());
         assert!(matches!(
             p.reconcile(&[]).await.unwrap(),
@@ -473,6 +531,23 @@ mod tests {
                 .iter()
                 .all(|s| s.spec.shared_counters.is_none())
         );
+    }
+
+    #[tokio::test]
+    async fn an_apiserver_refusing_the_counter_layout_gets_the_gpus_unshared() {
+        let (mut p, writes, _health, offers) = publisher_with(true, ApiSharing::Refuses);
+        offers.send_replace(quarters());
+        assert!(matches!(
+            p.reconcile(&[]).await.unwrap(),
+            Outcome::Published(_)
+        ));
+        assert!(!p.sharing_kept);
+        let published = p.desired(9);
+        assert_eq!(device_names(&published), ["gpu-0", "gpu-1"]);
+        assert!(published.iter().all(|s| s.spec.shared_counters.is_none()));
+        // The refused write, then the unshared pool.
+        let writes = writes.lock().unwrap().clone();
+        assert_eq!(writes.len(), 2, "{writes:?}");
     }
 
     fn lost(gpu: &str) -> HealthView {
