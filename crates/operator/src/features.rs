@@ -58,7 +58,8 @@ impl Feature {
                 "a GPU cannot be shared by several claims (shared GPU classes)"
             }
             Feature::PartitionableDevices => {
-                "MIG partitions cannot be offered as devices that draw on a card's counters"
+                "no GPU is published in shares (GPUClass shared variants), and MIG partitions \
+                 cannot be offered as devices that draw on a card's counters"
             }
             Feature::BindingConditions => {
                 "devices cannot hold a pod's binding until they are attached, and claims carry \
@@ -75,6 +76,10 @@ pub enum Probe {
     Served,
     /// The apiserver dropped the field: the feature is off.
     Missing,
+    /// The apiserver refused the field as the stack writes it, with its answer: it serves the
+    /// feature in an older shape (Kubernetes 1.34 keeps a device's counter set in the device's own
+    /// slice; the stack publishes counter sets in slices of their own, as 1.35 and later do).
+    Refused(String),
     /// The probe failed, with why.
     Unknown(String),
 }
@@ -87,6 +92,17 @@ impl Support {
     /// Whether `feature` is known to be served.
     pub fn serves(&self, feature: Feature) -> bool {
         self.0.get(&feature) == Some(&Probe::Served)
+    }
+
+    /// Whether `feature` is served, or why that is not known: an unknown answer must never read
+    /// as "not served", which would strip the feature's field from live objects.
+    pub fn served(&self, feature: Feature) -> Result<bool, String> {
+        match self.0.get(&feature) {
+            Some(Probe::Served) => Ok(true),
+            Some(Probe::Missing | Probe::Refused(_)) => Ok(false),
+            Some(Probe::Unknown(why)) => Err(why.clone()),
+            None => Err("not probed".into()),
+        }
     }
 
     /// The `DRAFeaturesServed` condition: `(status, reason, message)`.
@@ -109,6 +125,18 @@ impl Support {
             .filter(|f| probe(f) == Probe::Missing)
             .map(|f| format!("{} is off: {}", f.gates(), f.without()))
             .collect();
+        let refused: Vec<String> = Feature::ALL
+            .iter()
+            .filter_map(|f| match probe(f) {
+                Probe::Refused(why) => Some(format!(
+                    "{} is served in an older shape than the stack writes (Kubernetes 1.35 or \
+                     later serves it; the apiserver answered: {why}): {}",
+                    f.gates(),
+                    f.without()
+                )),
+                _ => None,
+            })
+            .collect();
         let unknown: Vec<String> = Feature::ALL
             .iter()
             .filter_map(|f| match probe(f) {
@@ -122,6 +150,12 @@ impl Support {
                 ". Turn the gates on in kube-apiserver (and kube-scheduler, kubelet) to get them",
             );
         }
+        if !refused.is_empty() {
+            if !message.is_empty() {
+                message.push_str(". ");
+            }
+            message.push_str(&refused.join("; "));
+        }
         if !unknown.is_empty() {
             if !message.is_empty() {
                 message.push_str(". ");
@@ -129,7 +163,7 @@ impl Support {
             message.push_str("could not check ");
             message.push_str(&unknown.join("; "));
         }
-        match (missing.is_empty(), unknown.is_empty()) {
+        match (missing.is_empty() && refused.is_empty(), unknown.is_empty()) {
             (true, true) => {
                 let all: Vec<&str> = Feature::ALL.iter().map(|f| f.gates()).collect();
                 (
@@ -174,6 +208,23 @@ mod tests {
         assert!(message.contains("without extendedResourceName"));
         assert!(message.contains("Turn the gates on in kube-apiserver"));
         assert!(!message.contains("DRADeviceTaints"), "{message}");
+    }
+
+    #[test]
+    fn a_refused_shape_is_missing_with_the_apiservers_answer() {
+        let answer = "spec.devices[0].consumesCounters[0].counterSet: Invalid value: \"probe\": \
+                      must reference a counterSet defined in the ResourceSlice sharedCounters";
+        let s = support(&[(Feature::PartitionableDevices, Probe::Refused(answer.into()))]);
+        assert!(!s.serves(Feature::PartitionableDevices));
+        let (ok, reason, message) = s.condition();
+        assert!(!ok);
+        assert_eq!(reason, "FeaturesMissing");
+        assert!(
+            message.starts_with("DRAPartitionableDevices is served in an older shape"),
+            "{message}"
+        );
+        assert!(message.contains(answer) && message.contains("no GPU is published in shares"));
+        assert!(!message.contains("Turn the gates on"), "{message}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use kube::{Api, Resource, ResourceExt};
 
 use crate::controller::discovery::FeatureCache;
 use crate::controller::publish_event;
-use crate::features::{Feature, Probe};
+use crate::features::Feature;
 
 pub mod render;
 
@@ -96,12 +96,11 @@ impl Context {
 
     /// Whether the apiserver serves `DeviceClass.spec.extendedResourceName`.
     async fn extended_resources(&self) -> Result<bool, Error> {
-        match self.features.get().await.0.get(&Feature::ExtendedResource) {
-            Some(Probe::Served) => Ok(true),
-            Some(Probe::Missing) => Ok(false),
-            Some(Probe::Unknown(why)) => Err(Error::FeatureUnknown(why.clone())),
-            None => Err(Error::FeatureUnknown("not probed".into())),
-        }
+        self.features
+            .get()
+            .await
+            .served(Feature::ExtendedResource)
+            .map_err(Error::FeatureUnknown)
     }
 
     /// The names of the DeviceClasses derived from the class named `class`.

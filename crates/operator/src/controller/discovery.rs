@@ -96,7 +96,8 @@ impl super::Context {
 
 /// What the apiserver serves of each DRA feature, found by server-side dry-run creates of objects
 /// that set the feature's field: an apiserver with the feature's gate off drops the field and
-/// still accepts the object. Nothing is stored. The ResourceSlice probes name a driver and a node
+/// still accepts the object; one that serves the field in another shape refuses it (422).
+/// Nothing is stored. The ResourceSlice probes name a driver and a node
 /// no plugin uses.
 pub(super) async fn features(client: &kube::Client) -> Support {
     use serde_json::json;
@@ -133,12 +134,14 @@ pub(super) async fn features(client: &kube::Client) -> Support {
             device(json!({"allowMultipleAllocations": true})),
             "/spec/devices/0/allowMultipleAllocations",
         ),
+        // A device drawing on a counter set of another slice of its pool, as the plugin
+        // publishes shares; 1.34 refuses it (422), wanting the set in the device's own slice.
         (
             Feature::PartitionableDevices,
-            slice(
-                json!({"sharedCounters": [{"name": "probe", "counters": {"memory": {"value": "1"}}}]}),
+            device(
+                json!({"consumesCounters": [{"counterSet": "probe", "counters": {"memory": {"value": "1"}}}]}),
             ),
-            "/spec/sharedCounters",
+            "/spec/devices/0/consumesCounters",
         ),
         (
             Feature::BindingConditions,
@@ -178,6 +181,7 @@ async fn dry_run(client: &kube::Client, object: serde_json::Value, field: &str) 
             Ok(_) => Probe::Missing,
             Err(e) => Probe::Unknown(e.to_string()),
         },
+        Err(kube::Error::Api(status)) if status.code == 422 => Probe::Refused(status.message),
         Err(e) => Probe::Unknown(format!("a dry-run create of a {kind} failed: {e}")),
     }
 }

@@ -19,7 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 
-use crate::features::{Feature, Probe};
+use crate::features::Feature;
 use crate::pod_creation;
 use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
 use crate::status::{self, Observed, Problem};
@@ -156,12 +156,10 @@ async fn apply_spec(ctx: &Context, gc: &GPUCluster) -> Result<Action, Error> {
     observed.features = ctx.features.get().await;
     // Unknown is an error (retried), never "not served": that would strip the field from the
     // live class.
-    let extended_resources_served = match observed.features.0.get(&Feature::ExtendedResource) {
-        Some(Probe::Served) => true,
-        Some(Probe::Missing) => false,
-        Some(Probe::Unknown(why)) => return Err(Error::FeatureUnknown(why.clone())),
-        None => return Err(Error::FeatureUnknown("not probed".into())),
-    };
+    let extended_resources_served = observed
+        .features
+        .served(Feature::ExtendedResource)
+        .map_err(Error::FeatureUnknown)?;
     let inputs = Inputs {
         namespace: &ctx.settings.namespace,
         images: &ctx.settings.images,
