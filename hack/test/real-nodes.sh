@@ -18,6 +18,13 @@
 # without one), and an uninstall that leaves no pod, claim, CDI spec
 # or checkpoint entry. On exit, pass or fail, it takes the cluster down and checks that no process,
 # network namespace, link, cgroup, mount or firewall rule is left.
+#
+# Kubernetes versions: the control plane runs K8S_VERSION (default: HACK_K8S_VERSION of
+# hack/cluster.mk), and the MIG node real-gpu-2 runs the oldest supported kubelet (HACK_K8S_OLDEST)
+# under it, as the version skew policy allows (not real-gpu-1: see docs/migration.md on a kubelet
+# before 1.35 that ran the device plugin). SUBSET=oldest runs a subset (pods, the fake plugin, the install, a claim,
+# a two-GPU claim, a MIG claim, health, a hand-over to the device plugin and back, the uninstall) with
+# every kubelet on K8S_VERSION: make test runs it with K8S_VERSION=HACK_K8S_OLDEST.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +33,20 @@ export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
 TEST_NAME=real-nodes
 # shellcheck source=hack/test/lib.sh
 source "$HACK_DIR/test/lib.sh"
+# full: the whole test, not SUBSET=oldest.
+full() { [[ -z "${SUBSET:-}" ]]; }
+[[ "${SUBSET:-oldest}" == oldest ]] || { echo "real-nodes.sh: unknown SUBSET=$SUBSET (oldest or none)" >&2; exit 2; }
+DEFAULT_K8S_VERSION="$(sed -n 's/^HACK_K8S_VERSION := //p' "$HACK_DIR/cluster.mk")"
+OLDEST_K8S_VERSION="$(sed -n 's/^HACK_K8S_OLDEST := //p' "$HACK_DIR/cluster.mk")"
+export K8S_VERSION="${K8S_VERSION:-$DEFAULT_K8S_VERSION}"
+SKEWED_NODE=real-gpu-2
+if full; then
+  export KUBELET_VERSIONS="- - $OLDEST_K8S_VERSION -"
+  skewed_version=$OLDEST_K8S_VERSION
+else
+  export KUBELET_VERSIONS=-
+  skewed_version=$K8S_VERSION
+fi
 PORT_BASE="$(free_port_base 41000 real)"
 export PORT_BASE
 export CLUSTER_DIR="$REPO_DIR/.cluster/real-$PORT_BASE"
@@ -76,7 +97,7 @@ t0=$SECONDS
 pass "cluster up: 4 real nodes and 1 KWOK node Ready in $((SECONDS - t0))s"
 eval "$("$HACK_DIR/real-node" net-env)"
 
-info="$(k get node real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion} {.status.addresses[0].address}{"\n"}{end}')"
+info="$(k get node real-gpu-0 "$SKEWED_NODE" -o jsonpath='{range .items[*]}{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion} {.status.addresses[0].address}{"\n"}{end}')"
 # discovery_labels NODE...: every NFD or GPU feature discovery label of the nodes, "node:key=value".
 discovery_labels() {
   local nodes
@@ -86,9 +107,10 @@ discovery_labels() {
     grep -E "^($nodes):(feature\.node\.kubernetes\.io/|nvidia\.com/(gpu\.|mig\.|cuda\.))" || true
 }
 stamped="$(discovery_labels real-gpu-0 real-gpu-1 real-gpu-2 "$GPULESS_NODE")"
-k8s_version="$(sed -n 's/^HACK_K8S_VERSION := //p' "$HACK_DIR/cluster.mk")"
-if [[ "$(grep -c "^$k8s_version containerd://2.4.2 198.18." <<<"$info")" == 2 && -z "$stamped" ]]; then
-  pass "real nodes run kubelet $k8s_version and containerd v2.4.2, with no GPU label from the harness: $(tr '\n' ';' <<<"$info")"
+api_version="$(k version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')"
+if [[ "$api_version" == "$K8S_VERSION" && "$(sed -n 1p <<<"$info")" == "$K8S_VERSION containerd://2.4.2 198.18."* &&
+  "$(sed -n 2p <<<"$info")" == "$skewed_version containerd://2.4.2 198.18."* && -z "$stamped" ]]; then
+  pass "apiserver $api_version; real-gpu-0 runs kubelet $K8S_VERSION, $SKEWED_NODE kubelet $skewed_version, both containerd v2.4.2, with no GPU label from the harness: $(tr '\n' ';' <<<"$info")"
 else
   fail "unexpected real node info: $info; labels from the harness: $(tr '\n' ' ' <<<"$stamped")"
 fi
@@ -491,6 +513,19 @@ spec:
       limits: {${RESOURCE:-nvidia.com/gpu}: 1}
 EOF
 }
+# shared_h100s: GPUClass h100s, the H100s in shares of 2.
+shared_h100s() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: gpu-operator-rs.dev/v1alpha1
+kind: GPUClass
+metadata: {name: h100s}
+spec:
+  selector:
+    matchLabels: {gpu-operator-rs.dev/device: h100-80gb-hbm3}
+  variants:
+    shared: {shares: 2}
+EOF
+}
 gpu_pod gpu-workload real-gpu-0 1
 check_gpu_pod gpu-workload real-gpu-0 1
 # A plain image with no NVIDIA tool: nvidia-smi and NVML come from the node's driver through CDI.
@@ -513,6 +548,7 @@ else
   fail "plain-no-claim: $(pod_phase plain-no-claim): $(k -n default logs plain-no-claim 2>&1 | tr '\n' ' ')"
 fi
 k -n default delete pod plain-image plain-no-claim --wait=true >/dev/null
+if full; then # not in the subset: extended resources, GPUClasses, shares
 # extended_pod NAME RESOURCE PIN NODE: a pod asking RESOURCE: 1 with no claim in its manifest (pinned
 # to PIN unless empty) ran on NODE seeing one of its GPUs, through the DRA claim the scheduler made.
 extended_pod() {
@@ -560,16 +596,7 @@ k delete gpuclass h100 --wait=false >/dev/null
 # Shares of a card: a GPUClass with a shared variant (2 pods per card) makes the plugin publish the
 # H100s in shares too. Two pods asking the shared resource run at once on one H100, each through
 # the claim the scheduler made (one share each), and both see that same card in the container.
-k apply -f - >/dev/null <<EOF
-apiVersion: gpu-operator-rs.dev/v1alpha1
-kind: GPUClass
-metadata: {name: h100s}
-spec:
-  selector:
-    matchLabels: {gpu-operator-rs.dev/device: h100-80gb-hbm3}
-  variants:
-    shared: {shares: 2}
-EOF
+shared_h100s
 shares_published() { [[ "$(k get gpuclass h100s -o jsonpath='{.status.devices}')" == 4 ]]; }
 # share_of POD: the device and share id of POD's claim.
 share_of() {
@@ -608,9 +635,50 @@ else
   fail "GPUClass h100s counts '$(k get gpuclass h100s -o jsonpath='{.status.variants}')' shares"
 fi
 k delete gpuclass h100s --wait=false >/dev/null
+fi
+
 gpu_pod two-gpus real-gpu-1 2
 check_gpu_pod two-gpus real-gpu-1 2
 
+# What the apiserver serves of the DRA features, as the GPUCluster says: everything on the newest
+# release; on 1.34 the counter sets GPU shares draw on come in an older shape, which the plugin's
+# layout cannot use, so a class with a shared variant leaves every GPU published whole (and the
+# node working) and its status says why.
+features_condition() { k get gpucluster gpu-cluster -o jsonpath='{.status.conditions[?(@.type=="DRAFeaturesServed")].reason}: {.status.conditions[?(@.type=="DRAFeaturesServed")].message}'; }
+if full; then
+  if [[ "$(features_condition)" == AllServed:* ]]; then
+    pass "GPUCluster DRAFeaturesServed on $K8S_VERSION: $(features_condition)"
+  else
+    fail "GPUCluster DRAFeaturesServed on $K8S_VERSION: $(features_condition)"
+  fi
+else
+  if [[ "$(features_condition)" == "FeaturesMissing: DRAPartitionableDevices is served in an older shape"*"no GPU is published in shares"* ]]; then
+    pass "GPUCluster DRAFeaturesServed on $K8S_VERSION names what it lacks: $(features_condition)"
+  else
+    fail "GPUCluster DRAFeaturesServed on $K8S_VERSION: $(features_condition)"
+  fi
+  pool_generation() { k get resourceslices --field-selector spec.nodeName=real-gpu-0,spec.driver=gpu.nvidia.com -o jsonpath='{.items[0].spec.pool.generation}'; }
+  generation_before="$(pool_generation)"
+  shared_h100s
+  class_says() { k get gpuclass h100s -o jsonpath='{.status.conditions[0].message}'; }
+  # The plugin tried the shares, was refused, and published the pool again without them (a newer
+  # generation: a plugin stuck on the refusal would keep the old one).
+  unshared() {
+    [[ "$(class_says)" == *"published in shares only when"* && "$(slice_devices real-gpu-0 | paste -sd' ')" == "gpu-0 gpu-1 gpu-2 gpu-3" ]] &&
+      (($(pool_generation) > generation_before))
+  }
+  if wait_until 60 unshared; then
+    pass "a GPUClass with a shared variant on $K8S_VERSION: real-gpu-0 republished its 4 GPUs whole (pool generation $generation_before -> $(pool_generation)), and the class says: $(class_says)"
+  else
+    fail "GPUClass h100s on $K8S_VERSION: '$(class_says)'; real-gpu-0 publishes: $(slice_devices real-gpu-0 | paste -sd' ') at generation $(pool_generation) (before: $generation_before)"
+  fi
+  gpu_pod beside-shares real-gpu-0 1
+  check_gpu_pod beside-shares real-gpu-0 1
+  k -n default delete pod beside-shares --wait=false >/dev/null
+  k delete gpuclass h100s --wait=false >/dev/null
+fi
+
+if full; then # not in the subset: a kubelet restart, CEL selection
 # A kubelet restart: the plugin registers again and the node keeps serving claims. The pod is made
 # once the kubelet took the plugin's registration again (a pod that found no driver would wait out
 # the kubelet's backoff) and the plugin published its slice again (the kubelet wipes it at start).
@@ -633,10 +701,12 @@ check_gpu_pod l4-workload real-gpu-1 1
 gpu_pod big-memory "" 1 gpu.nvidia.com "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0"
 check_gpu_pod big-memory real-gpu-0 1
 k -n default delete pod l4-workload big-memory --wait=false >/dev/null
+fi
 
 # The plugin pod deleted under a running pod's prepared claim: its DaemonSet brings it back, the slices
 # return, the claim's CDI spec and the pod stay, and the new plugin unprepares the claim later.
 plugin_on() { k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector "spec.nodeName=$1" -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[?(@.name=="gpus")].ready}{"\n"}{end}'; }
+if full; then # not in the subset: the plugin pod replaced under a claim
 gpu_pod held real-gpu-0 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
 if wait_until 120 running held; then
   uid="$(claim_uid held)"
@@ -679,6 +749,7 @@ for c in json.load(sys.stdin)["items"]:
 else
   fail "held on real-gpu-0: $(pod_phase held); $(k -n default describe pod held | tail -4 | tr '\n' ' ')"
 fi
+fi
 
 # MIG through mig.nvidia.com: the container gets its parent GPU's node and the MIG device's two
 # capability nodes (GPU instance, compute instance), made by the runtime from the CDI spec.
@@ -699,6 +770,7 @@ else
   fail "mig-workload: $(pod_phase mig-workload); $(k -n default describe pod mig-workload | tail -4 | tr '\n' ' ')"
 fi
 
+if full; then # not in the subset: the plugin killed mid-prepare
 # The plugin SIGKILLed in the middle of a second MIG claim's prepare, after its devices are reserved
 # and before its CDI spec exists: nothing of the attempt is recorded (the checkpoint records a claim
 # once, when its spec is written), the completed claim is kept, and the kubelet's retry prepares the
@@ -745,7 +817,8 @@ else
   rm -rf "$caps" && cp -a "$CLUSTER_DIR/caps-saved" "$caps"
   fail "the second MIG claim's prepare never opened a capability file: $(tr -d '\n' <"$checkpoint" 2>&1 | head -c 400)"
 fi
-k -n default delete pod mig-workload mig-crash --wait=false >/dev/null
+fi
+k -n default delete pod mig-workload mig-crash --ignore-not-found --wait=false >/dev/null
 no_mig_specs() { ! compgen -G "$CLUSTER_DIR/nodes/$MIG_NODE/run/cdi/k8s.gpu.nvidia.com-claim_*" >/dev/null; }
 wait_until 90 no_mig_specs || fail "MIG claims' CDI specs left after their pods were deleted"
 
@@ -769,9 +842,35 @@ wait_until 120 replaced || fail "the DRA plugin on real-gpu-1 was not replaced f
 # Device health through the real kubelet: a double-bit ECC error on the GPU of a running pod taints
 # that device NoSchedule (the pod keeps running) and the plugin's health stream makes the kubelet
 # show the device unhealthy in the pod's status; after the recovery period both are healthy again.
-gpu_pod sick real-gpu-1 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
+# The pod names its claim as the claim itself is named: kubelet 1.34 (every node of the subset) looks a device's
+# health up by the pod's claim entry name, so it shows none for a claim made from a template (newer
+# kubelets map the entry to the claim through the pod's status).
+k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: sick, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.nvidia.com, count: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: sick, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: real-gpu-1}
+  resourceClaims: [{name: sick, resourceClaimName: sick}]
+  containers:
+  - name: workload
+    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
+    command: ["sh", "-c", "$LIST_GPUS; sleep 3600"]
+    resources:
+      claims: [{name: sick}]
+EOF
 if wait_until 120 running sick; then
-  claim="$(k -n default get pod sick -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')"
+  claim=sick
   device="$(k -n default get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
   # pod_health: the health the kubelet shows for the pod's one DRA device (allocatedResourcesStatus;
   # the resource is named by the device's CDI id).
@@ -799,6 +898,7 @@ if wait_until 120 running sick; then
     fail "after recovery: taint '$(device_taint)', pod health '$(pod_health)'"
   fi
   k -n default delete pod sick --wait=false >/dev/null
+  k -n default delete resourceclaim sick --wait=false >/dev/null
 else
   fail "sick on real-gpu-1: $(pod_phase sick); $(k -n default describe pod sick | tail -4 | tr '\n' ' ')"
 fi
@@ -888,6 +988,7 @@ if wait_until 120 running switch; then
   else
     fail "PhysicalGPUs (node/plane/phase=count): $(pgpu_rows)"
   fi
+  if full; then # not in the subset: a lost GPU, time-slicing, a ClusterPolicy
   # A GPU lost (the mock's fault injection): one ListAndWatch update takes it out of the kubelet's
   # allocatable; after the recovery period with the GPU readable again, it returns.
   t0=$SECONDS
@@ -942,6 +1043,7 @@ if wait_until 120 running switch; then
     fail "beside a ClusterPolicy: daemonset '$(dp_ds)', pod '$(dp_on real-gpu-1)'; operator log: $(k -n "$GNS" logs deploy/gpu-operator --tail=5 2>&1 | tr '\n' ' ')"
     k delete crd clusterpolicies.nvidia.com --ignore-not-found >/dev/null
   fi
+  fi
   # Switched back under a pod holding a GPU the device plugin gave: the device plugin stays (and the
   # DRA plugin waits) until that pod is gone.
   resource_pod dp-hold real-gpu-1 "$LIST_GPUS; sleep 3600"
@@ -969,6 +1071,7 @@ else
   fail "switch on real-gpu-1: $(pod_phase switch)"
 fi
 
+if full; then # not in the subset: two nodes handed over under a PDB, a GPU and driver arriving
 # --- node by node under a Deployment with a PodDisruptionBudget (docs/migration.md) ------------------
 # Both real GPU nodes go dra -> device-plugin -> dra with migration.drain: evict. The labeler hands
 # them over one at a time (cordon, evict through the PDB, switch, wait for the validator, uncordon);
@@ -1078,9 +1181,10 @@ if wait_until 240 gpu_node_ready; then
 else
   fail "$GPULESS_NODE with a GPU and a driver: labels '$(gfd_labels "$GPULESS_NODE")', stack '$(stack_of "$GPULESS_NODE")', slices $(slice_uuids "$GPULESS_NODE" | wc -l); pods: $(k -n "$GNS" get pods --field-selector "spec.nodeName=$GPULESS_NODE" --no-headers 2>&1 | tr '\n' ';')"
 fi
+fi
 
 # Uninstall: nothing of ours is left on the nodes or in the API.
-k -n default delete pod gpu-workload two-gpus after-restart --wait=true >/dev/null
+k -n default delete pod gpu-workload two-gpus after-restart --ignore-not-found --wait=true >/dev/null
 t0=$SECONDS
 "$BIN_DIR/helm" --kubeconfig "$KUBECONFIG_FILE" uninstall gpu-operator --namespace "$GNS" --wait >/dev/null
 ns_empty() { [[ -z "$(k -n "$GNS" get pods,resourceclaims --no-headers 2>/dev/null)" ]]; }
