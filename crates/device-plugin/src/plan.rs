@@ -208,6 +208,8 @@ mod tests {
             cuda_compute_capability: CudaVersion { major: 8, minor: 0 },
             memory_bytes: Some(40 << 30),
             pci_bus_id: format!("0000:0{index}:00.0"),
+            pcie_root: None,
+            addressing_mode: None,
             mig_mode: if mig.is_empty() {
                 MigMode::Disabled
             } else {

@@ -10,6 +10,7 @@
 //! - [`nvml`]: an NVML session loaded from the probed root's `libnvidia-ml.so.1` (never from the
 //!   default library search path), reading a plain [`model`] of GPUs and MIG devices, and device
 //!   events.
+//! - [`pcie`]: a PCI function's PCIe root, from the sysfs link naming it.
 //! - [`health`]: which NVML faults make a GPU unhealthy, how badly, and when it recovers;
 //!   [`monitor`]: NVML events and periodic probes, read on a thread of their own.
 //! - `testing` (feature `test-support`): fake driver roots carrying the mock NVML.
@@ -23,6 +24,7 @@ pub mod health;
 pub mod model;
 pub mod monitor;
 pub mod nvml;
+pub mod pcie;
 pub mod root;
 #[cfg(feature = "test-support")]
 pub mod testing;

@@ -100,6 +100,11 @@ pub struct Gpu {
     pub memory_bytes: Option<u64>,
     /// PCI bus id, lower case with a 4-digit domain (`0000:07:00.0`).
     pub pci_bus_id: String,
+    /// The PCIe root complex the GPU hangs from (`pci0000:40`), from sysfs
+    /// ([`crate::pcie::fill_roots`]); `None` until read, or where sysfs does not say.
+    pub pcie_root: Option<String>,
+    /// How the GPU addresses system memory (`None`, `HMM`, `ATS`); `None` where NVML does not say.
+    pub addressing_mode: Option<String>,
     /// MIG state.
     pub mig_mode: MigMode,
     /// MIG devices present (empty unless MIG is on).

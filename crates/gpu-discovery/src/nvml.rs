@@ -284,10 +284,24 @@ impl NvmlSession {
             pci_bus_id: model::normalise_pci_bus_id(
                 &device.pci_info().map_err(|e| call("pci_info", e))?.bus_id,
             ),
+            pcie_root: None,
+            addressing_mode: self.addressing_mode(&device, &uuid),
             mig_mode,
             mig_devices,
             uuid,
         })
+    }
+
+    /// The GPU's addressing mode, for a device attribute: a failure is logged and leaves it out,
+    /// never hiding the GPU.
+    fn addressing_mode(&self, device: &Device<'_>, uuid: &str) -> Option<String> {
+        match nvml_ext::addressing_mode(device) {
+            Ok(mode) => mode.map(|m| m.as_str().to_owned()),
+            Err(e) => {
+                tracing::warn!(gpu = uuid, error = %self.err("addressing_mode", uuid, e), "addressing mode unknown; attribute left out");
+                None
+            }
+        }
     }
 
     fn mig_devices(

@@ -267,6 +267,8 @@ mod tests {
                     cuda_compute_capability: CudaVersion { major: 8, minor: 9 },
                     memory_bytes: Some(23034 << 20),
                     pci_bus_id: format!("0000:0{i}:00.0"),
+                    pcie_root: None,
+                    addressing_mode: None,
                     mig_mode: MigMode::NotSupported,
                     mig_devices: Vec::new(),
                 })

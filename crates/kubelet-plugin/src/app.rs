@@ -32,10 +32,13 @@ use tokio::sync::{mpsc, watch};
 /// Where the kernel says when this boot began (`btime`).
 const PROC_STAT: &str = "/proc/stat";
 
-/// Reads the node's devices through NVML loaded from the container driver root, with the GPUs
-/// NVML could not read (left out of the table).
-pub fn read_devices(roots: &DriverPaths) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
-    let gpus = read_gpus(roots)?;
+/// Reads the node's devices through NVML loaded from the container driver root (their PCIe roots
+/// from `sysfs_root`), with the GPUs NVML could not read (left out of the table).
+pub fn read_devices(
+    roots: &DriverPaths,
+    sysfs_root: &Path,
+) -> anyhow::Result<(DeviceTable, Vec<UnreadableGpu>)> {
+    let gpus = read_gpus(roots, sysfs_root)?;
     Ok((gpus.table, gpus.unreadable))
 }
 
@@ -51,11 +54,12 @@ struct NodeGpus {
     library: PathBuf,
 }
 
-fn read_gpus(roots: &DriverPaths) -> anyhow::Result<NodeGpus> {
+fn read_gpus(roots: &DriverPaths, sysfs_root: &Path) -> anyhow::Result<NodeGpus> {
     let library = root::find_library(&roots.driver_root_ctr, "container driver root")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let session = NvmlSession::open(&library, InitMode::Full)?;
-    let inventory = session.inventory()?;
+    let mut inventory = session.inventory()?;
+    gpu_discovery::pcie::fill_roots(&mut inventory, sysfs_root);
     Ok(NodeGpus {
         table: DeviceTable::from_inventory(&inventory),
         gpus: inventory.gpus.clone(),
@@ -331,7 +335,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         unreadable,
         by_index,
         library,
-    } = read_gpus(&roots).context("reading the GPUs through NVML")?;
+    } = read_gpus(&roots, &config.sysfs_root).context("reading the GPUs through NVML")?;
     tracing::info!(devices = table.devices.len(), driver = %table.driver_version, "GPUs found");
     for gpu in &unreadable {
         tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");

@@ -62,6 +62,10 @@ pub struct Config {
     /// `proc/driver/nvidia/capabilities`): `/` in a pod, whose `/proc` tells the node kernel's.
     #[arg(long, env = env::PROCFS_ROOT, default_value = "/")]
     pub procfs_root: PathBuf,
+    /// Where the node's sysfs is (the host root's `sys`, as the pod mounts it): each GPU's
+    /// `resource.kubernetes.io/pcieRoot` comes from its link under `bus/pci/devices`.
+    #[arg(long, env = env::SYSFS_ROOT, default_value = "/host/sys")]
+    pub sysfs_root: PathBuf,
     /// Host directory of the per-GPU MPS control daemons (`<this>/<GPU UUID>`), mounted at the
     /// same path here; claims of shares with strategy MPS need their GPU's.
     #[arg(long, env = "MPS_ROOT", default_value = paths::MPS_ROOT)]

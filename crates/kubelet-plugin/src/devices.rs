@@ -20,6 +20,10 @@ pub struct GpuCommon {
     pub cuda_compute_capability: (u32, u32),
     /// PCI bus id (`0000:07:00.0`).
     pub pci_bus_id: String,
+    /// PCIe root complex (`pci0000:00`), where sysfs names it.
+    pub pcie_root: Option<String>,
+    /// How the GPU addresses system memory (`HMM`, `ATS`, `None`), where NVML says.
+    pub addressing_mode: Option<String>,
     /// Minor number of the physical GPU.
     pub minor: u32,
     /// UUID of the physical GPU.
@@ -148,6 +152,8 @@ fn common(gpu: &Gpu) -> GpuCommon {
             gpu.cuda_compute_capability.minor,
         ),
         pci_bus_id: gpu.pci_bus_id.clone(),
+        pcie_root: gpu.pcie_root.clone(),
+        addressing_mode: gpu.addressing_mode.clone(),
         minor: gpu.minor,
         gpu_uuid: gpu.uuid.clone(),
     }

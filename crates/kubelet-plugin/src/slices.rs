@@ -124,6 +124,12 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
             string(&g.pci_bus_id),
         ),
     ]);
+    if let Some(root) = &g.pcie_root {
+        attributes.insert("resource.kubernetes.io/pcieRoot".into(), string(root));
+    }
+    if let Some(mode) = &g.addressing_mode {
+        attributes.insert("addressingMode".into(), string(mode));
+    }
     let mut capacity = BTreeMap::new();
     match &device.kind {
         DeviceKind::Gpu { memory_bytes }

@@ -40,6 +40,8 @@ pub fn gpu(minor: u32) -> NodeDevice {
             architecture: "Ampere".into(),
             cuda_compute_capability: (8, 0),
             pci_bus_id: format!("0000:{:02x}:00.0", minor + 7),
+            pcie_root: Some("pci0000:00".into()),
+            addressing_mode: Some("HMM".into()),
             minor,
             gpu_uuid: format!("GPU-{minor}"),
         },

@@ -124,7 +124,9 @@ fn a_lost_gpu_is_left_out_and_the_others_are_published() {
         dev_root: fake.host_root(),
         dev_root_ctr: fake.host_root(),
     };
-    let (table, unreadable) = kubelet_plugin::app::read_devices(&roots).expect("devices read");
+    let no_sysfs = tempfile::tempdir().unwrap();
+    let (table, unreadable) =
+        kubelet_plugin::app::read_devices(&roots, no_sysfs.path()).expect("devices read");
     let names: Vec<&str> = table.devices.keys().map(String::as_str).collect();
     assert_eq!(
         names,
@@ -146,4 +148,87 @@ fn a_lost_gpu_is_left_out_and_the_others_are_published() {
         .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
         .sum();
     assert_eq!(devices, 7);
+}
+
+fn host_roots(fake: &FakeNode) -> gpu_discovery::DriverPaths {
+    gpu_discovery::DriverPaths {
+        driver_root: fake.host_root(),
+        driver_root_ctr: fake.host_root(),
+        dev_root: fake.host_root(),
+        dev_root_ctr: fake.host_root(),
+    }
+}
+
+/// The attributes of `name` in the slices of `table`, as strings.
+fn attributes(table: &DeviceTable, name: &str) -> std::collections::BTreeMap<String, String> {
+    desired_slices(&node(), "gpu.nvidia.com", table, &[], &Taints::new(), 1)
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("{name} published"))
+        .attributes
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| v.string.map(|s| (k, s)))
+        .collect()
+}
+
+/// `resource.kubernetes.io/pcieRoot` as upstream publishes it: a string naming the root complex
+/// (`pci0000:40`), read from the link sysfs keeps for the GPU's PCI function; left out where
+/// sysfs has no link for it.
+#[test]
+fn each_gpu_carries_the_pcie_root_its_sysfs_link_names() {
+    let fake = FakeNode::new();
+    fake.install_host_driver(&mock_config("h100-sxm5-80gb", 4));
+    let sysfs = tempfile::tempdir().unwrap();
+    let bus = sysfs.path().join("bus/pci/devices");
+    std::fs::create_dir_all(&bus).unwrap();
+    for (address, root) in [
+        ("0000:07:00.0", "pci0000:00"),
+        ("0000:0f:00.0", "pci0000:00"),
+        ("0000:47:00.0", "pci0000:40"),
+    ] {
+        let target = format!("../../../devices/{root}/{}:01.0/{address}", &root[3..]);
+        std::os::unix::fs::symlink(target, bus.join(address)).unwrap();
+    }
+    let (table, _) =
+        kubelet_plugin::app::read_devices(&host_roots(&fake), sysfs.path()).expect("devices read");
+    let root_of = |gpu: &str| {
+        attributes(&table, gpu)
+            .get("resource.kubernetes.io/pcieRoot")
+            .cloned()
+    };
+    assert_eq!(root_of("gpu-0").as_deref(), Some("pci0000:00"));
+    assert_eq!(root_of("gpu-1").as_deref(), Some("pci0000:00"));
+    assert_eq!(root_of("gpu-2").as_deref(), Some("pci0000:40"));
+    assert_eq!(root_of("gpu-3"), None, "no sysfs link, no attribute");
+}
+
+/// `addressingMode` as upstream publishes it: a string (`HMM`, `ATS` or `None`) from
+/// `nvmlDeviceGetAddressingMode`, on GPUs and MIG devices; left out where NVML answers "not
+/// supported".
+#[test]
+fn addressing_modes_come_from_nvml_where_it_reports_one() {
+    for (profile, device, want) in [
+        ("h100-sxm5-80gb", "gpu-0", Some("HMM")),
+        ("gb200", "gpu-0", Some("ATS")),
+        ("a100-sxm4-40gb", "gpu-0", None),
+        ("a100-sxm4-40gb-mig-mixed", "gpu-0-mig-1g5gb-19-6", None),
+    ] {
+        let table = table(profile, 1);
+        let got = attributes(&table, device).get("addressingMode").cloned();
+        assert_eq!(got.as_deref(), want, "{profile}");
+    }
+    // A MIG device carries its GPU's mode, `None` included.
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../mock-nvml/profiles/a100-sxm4-40gb-mig-mixed.json");
+    let mut profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(shipped).unwrap()).unwrap();
+    profile["addressing_mode"] = "None".into();
+    let path = dir.path().join("a100-none.json");
+    std::fs::write(&path, profile.to_string()).unwrap();
+    let table = table(path.to_str().unwrap(), 1);
+    let mig = attributes(&table, "gpu-0-mig-1g5gb-19-6");
+    assert_eq!(mig.get("addressingMode").map(String::as_str), Some("None"));
 }

@@ -8,7 +8,7 @@
 #![allow(non_snake_case, non_upper_case_globals)]
 
 use crate::handles::Handle;
-use crate::profile::{GiProfile, MigSupport};
+use crate::profile::{AddressingMode, GiProfile, MigSupport};
 use crate::state::{self, Device, Ret, Session};
 use crate::topology::Gpu;
 use nvml_wrapper_sys::bindings::*;
@@ -458,6 +458,39 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
             let [ma, mi] = s.topology.profile.compute_capability;
             minor.write(mi);
             Ok(ma)
+        })
+    }
+}
+
+/// `NVML_STRUCT_VERSION(DeviceAddressingMode, 1)`: the struct's size and version 1 in the top byte.
+const ADDRESSING_MODE_V1: c_uint = size_of::<nvmlDeviceAddressingMode_t>() as c_uint | (1 << 24);
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn nvmlDeviceGetAddressingMode(
+    device: nvmlDevice_t,
+    mode: *mut nvmlDeviceAddressingMode_t,
+) -> Ret {
+    if mode.is_null() {
+        return INVALID;
+    }
+    // SAFETY: non-null and valid for reads and writes by the caller's contract.
+    if unsafe { (*mode).version } != ADDRESSING_MODE_V1 {
+        return nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    // SAFETY: as above; `value` is a field of the caller's struct. A MIG device answers for its GPU.
+    unsafe {
+        query(device, &raw mut (*mode).value, |s, _| {
+            match s.topology.profile.addressing_mode.ok_or(NOT_SUPPORTED)? {
+                AddressingMode::None => {
+                    Ok(nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_NONE)
+                }
+                AddressingMode::Hmm => {
+                    Ok(nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_HMM)
+                }
+                AddressingMode::Ats => {
+                    Ok(nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_ATS)
+                }
+            }
         })
     }
 }

@@ -29,9 +29,26 @@ pub struct Profile {
     /// MIG support; absent for GPUs that cannot do MIG.
     #[serde(default)]
     pub mig: Option<MigSupport>,
+    /// What `nvmlDeviceGetAddressingMode` reports; absent where NVML answers "not supported" (a
+    /// platform without coherent system memory access).
+    #[serde(default)]
+    pub addressing_mode: Option<AddressingMode>,
     /// Where the numbers come from.
     #[serde(default)]
     pub source: String,
+}
+
+/// How a GPU may address system memory (`nvmlDeviceAddressingModeType_t`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub enum AddressingMode {
+    /// Neither: `NVML_DEVICE_ADDRESSING_MODE_NONE`.
+    None,
+    /// Heterogeneous memory management: `NVML_DEVICE_ADDRESSING_MODE_HMM`.
+    #[serde(rename = "HMM")]
+    Hmm,
+    /// Address translation services (Grace-based systems): `NVML_DEVICE_ADDRESSING_MODE_ATS`.
+    #[serde(rename = "ATS")]
+    Ats,
 }
 
 /// MIG capability of a GPU model and the layout the mock creates when MIG is on.

@@ -114,6 +114,8 @@ mod tests {
             cuda_compute_capability: CudaVersion { major: 9, minor: 0 },
             memory_bytes: Some(81_559 << 20),
             pci_bus_id: "0000:01:00.0".into(),
+            pcie_root: None,
+            addressing_mode: None,
             mig_mode: mig,
             mig_devices: Vec::new(),
         }

@@ -31,7 +31,8 @@ impl PciFunction {
 }
 
 /// Reads every PCI function under `<sysfs_root>/bus/pci/devices`, sorted by address. A node with
-/// no PCI bus in sysfs has none. An entry whose files cannot be read or parsed (a function being
+/// no PCI bus in sysfs has none; an entry not named like an address (`0000:01:00.0`) is no
+/// function. An entry whose files cannot be read or parsed (a function being
 /// removed, a malformed file) is left out and named in the second list; it never hides the others.
 pub fn scan(sysfs_root: &Path) -> io::Result<(Vec<PciFunction>, Vec<String>)> {
     let dir = sysfs_root.join("bus/pci/devices");
@@ -45,6 +46,9 @@ pub fn scan(sysfs_root: &Path) -> io::Result<(Vec<PciFunction>, Vec<String>)> {
     for entry in entries {
         let entry = entry?;
         let address = entry.file_name().to_string_lossy().into_owned();
+        if !gpu_discovery::pcie::is_pci_address(&address) {
+            continue;
+        }
         match read_function(&entry.path(), &address) {
             Ok(function) => functions.push(function),
             Err(why) => unreadable.push(format!("{address}: {why}")),
@@ -146,6 +150,17 @@ mod tests {
             unreadable[1].starts_with("0000:03:00.0: vendor:"),
             "{unreadable:?}"
         );
+    }
+
+    #[test]
+    fn entries_not_named_like_addresses_are_no_functions() {
+        let root = tempfile::tempdir().unwrap();
+        function(root.path(), "0000:01:00.0", "0x10de", "0x2330", "0x030200");
+        fs::create_dir_all(root.path().join("bus/pci/devices/.tree/pci0000:00")).unwrap();
+        fs::write(root.path().join("bus/pci/devices/README"), "not a function").unwrap();
+        let (functions, unreadable) = scan(root.path()).unwrap();
+        assert_eq!(functions.len(), 1);
+        assert!(unreadable.is_empty(), "{unreadable:?}");
     }
 
     #[test]

@@ -4,13 +4,19 @@
 //! and its CDI spec needs the GPU- and compute-instance ids (the `nvidia-caps` access nodes live at
 //! `gpu<minor>/mig/gi<id>/ci<id>`). NVML answers both through `nvmlDeviceGet{Gpu,Compute}InstanceId`
 //! on the MIG device and `nvmlDeviceGetGpuInstanceById` + `nvmlGpuInstanceGetInfo` on its parent, but
-//! `nvml-wrapper` exposes none of them safely. This crate is that small audited unsafe surface: it takes
+//! `nvml-wrapper` exposes none of them safely; nor `nvmlDeviceGetAddressingMode`, which a device
+//! attribute needs. This crate is that small audited unsafe surface: it takes
 //! `nvml-wrapper` devices, calls the symbols of the library those devices were loaded from, and returns
 //! plain values or `nvml-wrapper`'s own errors.
 
 use nvml_wrapper::Device;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
-use nvml_wrapper_sys::bindings::{nvmlGpuInstance_t, nvmlGpuInstanceInfo_t};
+use nvml_wrapper_sys::bindings::{
+    nvmlDeviceAddressingMode_t, nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_ATS,
+    nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_HMM,
+    nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_NONE, nvmlGpuInstance_t,
+    nvmlGpuInstanceInfo_t,
+};
 use std::os::raw::c_uint;
 
 /// Where a MIG device sits on its GPU, and which instances back it.
@@ -76,4 +82,60 @@ pub fn mig_instance(mig: &Device<'_>) -> Result<MigInstance, NvmlError> {
 pub fn same_handle(a: &Device<'_>, b: &Device<'_>) -> bool {
     // SAFETY: the handles are only compared, never dereferenced or passed to NVML.
     unsafe { a.handle() == b.handle() }
+}
+
+/// How a GPU addresses system memory (`nvmlDeviceAddressingModeType_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressingMode {
+    /// Neither of the two below.
+    None,
+    /// Heterogeneous memory management.
+    Hmm,
+    /// Address translation services (Grace-based systems).
+    Ats,
+}
+
+impl AddressingMode {
+    /// The name NVML's tools and the upstream DRA driver's `addressingMode` attribute use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "None",
+            Self::Hmm => "HMM",
+            Self::Ats => "ATS",
+        }
+    }
+}
+
+/// Reads `device`'s addressing mode. `Ok(None)` where the library lacks the call (drivers before
+/// R570) or NVML answers `NotSupported` (a platform without coherent memory access); a value NVML
+/// did not define is `UnexpectedVariant`.
+pub fn addressing_mode(device: &Device<'_>) -> Result<Option<AddressingMode>, NvmlError> {
+    let Ok(get) = nvml_sym(device.nvml().lib().nvmlDeviceGetAddressingMode.as_ref()) else {
+        return Ok(None);
+    };
+    let mut mode = nvmlDeviceAddressingMode_t {
+        // NVML_STRUCT_VERSION(DeviceAddressingMode, 1): the struct's size, version 1 in the top byte.
+        version: size_of::<nvmlDeviceAddressingMode_t>() as c_uint | (1 << 24),
+        value: 0,
+    };
+    // SAFETY: the handle comes from a live `Device` borrowing the initialised `Nvml` whose library
+    // the symbol was loaded from; `mode` is a local out-pointer of the header's type.
+    match nvml_try(unsafe { get(device.handle(), &mut mode) }) {
+        Ok(()) => {}
+        Err(NvmlError::NotSupported) => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    #[allow(non_upper_case_globals)]
+    match mode.value {
+        nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_NONE => {
+            Ok(Some(AddressingMode::None))
+        }
+        nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_HMM => {
+            Ok(Some(AddressingMode::Hmm))
+        }
+        nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_ATS => {
+            Ok(Some(AddressingMode::Ats))
+        }
+        other => Err(NvmlError::UnexpectedVariant(other)),
+    }
 }

@@ -16,6 +16,8 @@ fn gpu(index: u32, product: &str, memory_gib: u64) -> Gpu {
         cuda_compute_capability: CudaVersion { major: 8, minor: 0 },
         memory_bytes: Some(memory_gib << 30),
         pci_bus_id: format!("0000:0{index}:00.0"),
+        pcie_root: None,
+        addressing_mode: None,
         mig_mode: MigMode::Disabled,
         mig_devices: Vec::new(),
     }
