@@ -8,7 +8,8 @@
 # prepared by a plugin registered with the real kubelet, and containerd injects the claim's CDI device
 # into the container. Then the install guide and the DRA stack's scenarios on those nodes: the chart
 # from the images of `make images` (debug build), the GPUCluster ready, the guide's pod listing its one
-# GPU, a two-GPU claim, a kubelet restart, CEL selection by product and memory, the exporter's
+# GPU, a two-GPU claim, a kubelet restart, CEL selection by product, memory and the upstream driver's
+# attributes (pcieRoot, addressingMode), the plugin's metrics under upstream's names, the exporter's
 # admin-access claim, the plugin pod replaced under a prepared claim, a MIG claim, the plugin SIGKILLed
 # mid-prepare, a mode switch under a running pod (the node then served by the device plugin: allocatable
 # nvidia.com/gpu, its validator, a pod asking nvidia.com/gpu: 1 given its GPU through CDI; a lost GPU; time-slicing
@@ -700,7 +701,43 @@ gpu_pod l4-workload "" 1 gpu.nvidia.com "device.attributes['gpu.nvidia.com'].pro
 check_gpu_pod l4-workload real-gpu-1 1
 gpu_pod big-memory "" 1 gpu.nvidia.com "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0"
 check_gpu_pod big-memory real-gpu-0 1
-k -n default delete pod l4-workload big-memory --wait=false >/dev/null
+# Attributes a claim written for the upstream driver selects on: the standard PCIe root (from the
+# node's PCI bus: two H100s to a root, gpu-2 and gpu-3 under pci0000:40) and NVML's addressing mode.
+gpu_pod pcie-root "" 1 gpu.nvidia.com "device.attributes['resource.kubernetes.io'].pcieRoot == 'pci0000:40' && device.attributes['gpu.nvidia.com'].addressingMode == 'HMM'"
+check_gpu_pod pcie-root real-gpu-0 1
+under_root="$(k get resourceslices --field-selector spec.nodeName=real-gpu-0,spec.driver=gpu.nvidia.com -o json | python3 -c '
+import json, sys
+for s in json.load(sys.stdin)["items"]:
+    for d in s["spec"].get("devices") or []:
+        a = d.get("attributes") or {}
+        if a.get("resource.kubernetes.io/pcieRoot", {}).get("string") == "pci0000:40":
+            print(a["uuid"]["string"])' | sort -u)"
+seen="$(k -n default logs pcie-root | grep -o 'GPU-[0-9a-f-]*' | head -1)"
+if [[ -n "$seen" ]] && grep -qx "$seen" <<<"$under_root" && [[ "$(grep -c . <<<"$under_root")" == 2 ]]; then
+  pass "a CEL selector on resource.kubernetes.io/pcieRoot and addressingMode got one of the 2 H100s under pci0000:40 ($seen)"
+else
+  fail "pcieRoot selection: the pod saw '$seen'; the GPUs under pci0000:40: $(tr '\n' ' ' <<<"$under_root")"
+fi
+# The plugin's metrics under the upstream driver's names and labels, scraped as Prometheus would
+# (from the node, at the pod's address), after the claims above.
+plugin_ip="$(k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector spec.nodeName=real-gpu-0 -o jsonpath='{.items[0].status.podIP}')"
+scrape="$("$HACK_DIR/cluster" node-exec real-gpu-0 /bin/busybox wget -qO- "http://$plugin_ip:8080/metrics" 2>&1 || true)"
+prepared="$(sed -n 's/^nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"} \([0-9]*\)$/\1/p' <<<"$scrape")"
+missing=""
+for series in 'nvidia_dra_request_duration_seconds_count{driver="gpu.nvidia.com",operation="prepare"}' \
+  'nvidia_dra_requests_inflight{driver="gpu.nvidia.com",operation="prepare"} 0' \
+  'nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="unprepare"}' \
+  'nvidia_dra_prepared_devices{node="real-gpu-0",driver="gpu.nvidia.com",device_type="gpu"}' \
+  'nvidia_dra_prepared_devices{node="real-gpu-0",driver="gpu.nvidia.com",device_type="mig"} 0' \
+  'gpu_kubelet_plugin_claim_requests_total{operation="Prepare"}'; do
+  grep -qF "$series" <<<"$scrape" || missing+=" $series"
+done
+if [[ -n "$prepared" ]] && ((prepared >= 1)) && [[ -z "$missing" ]]; then
+  pass "the plugin's /metrics on real-gpu-0 serves the upstream driver's series beside ours ($prepared claims prepared)"
+else
+  fail "plugin metrics on real-gpu-0 ($plugin_ip): prepared '$prepared', missing:$missing; $(head -c 300 <<<"$scrape")"
+fi
+k -n default delete pod l4-workload big-memory pcie-root --wait=false >/dev/null
 fi
 
 # The plugin pod deleted under a running pod's prepared claim: its DaemonSet brings it back, the slices

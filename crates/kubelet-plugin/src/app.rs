@@ -357,7 +357,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = Metrics::register(&mut registry);
+    let metrics = Metrics::register(&mut registry, DRIVER_NAME, &config.node_name);
     metrics.set_unreadable_gpus(unreadable.len());
     metrics.set_health(0, 0, false);
     let events = NodeEvents::new(&client, &config.node_name);

@@ -190,10 +190,27 @@ impl<C: ClaimSource> Driver<C> {
     }
 
     /// Records metrics from now on.
+    /// Records metrics from now on, starting from the claims the checkpoint holds.
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        metrics.set_prepared_devices(0);
         self.metrics = Some(metrics);
+        self.count_prepared_devices();
         self
+    }
+
+    /// Sets the prepared-device gauges from the checkpoint.
+    fn count_prepared_devices(&self) {
+        let Some(m) = &self.metrics else { return };
+        let ((all, completed), _) = self.ledger.read(|cp| {
+            let all = cp.claims.values().map(|e| e.devices.len()).sum::<usize>();
+            let completed: Vec<String> = cp
+                .claims
+                .values()
+                .filter(|e| e.state == ClaimState::PrepareCompleted)
+                .flat_map(|e| e.devices.iter().map(|d| d.device.clone()))
+                .collect();
+            (all, completed)
+        });
+        m.set_prepared_devices(all, completed.iter().map(String::as_str));
     }
 
     /// The node's devices.
@@ -378,6 +395,10 @@ impl<C: ClaimSource> Driver<C> {
         Fut: Future<Output = Result<Staged<T>, ClaimFailure>> + 'a,
     {
         let started = Instant::now();
+        let _in_flight = self
+            .metrics
+            .as_ref()
+            .map(|m| m.in_flight(operation, claims.len()));
         let staged = futures::future::join_all(claims.iter().map(|c| stage(self, c))).await;
         let version = staged.iter().flatten().map(|s| s.version).max();
         let committed = match version {
@@ -393,11 +414,8 @@ impl<C: ClaimSource> Driver<C> {
                     self.take_back(claim);
                 }
             }
-        } else if let Some(m) = &self.metrics {
-            let (devices, _) = self
-                .ledger
-                .read(|cp| cp.claims.values().map(|e| e.devices.len()).sum());
-            m.set_prepared_devices(devices);
+        } else {
+            self.count_prepared_devices();
         }
         claims
             .iter()
@@ -561,7 +579,7 @@ mod tests {
         claims.put(exclusive("ghost", "u6", &["gpu-99"]));
         let (d, _) = driver(dir.path(), &claims);
         let mut registry = prometheus_client::registry::Registry::default();
-        let d = d.with_metrics(Metrics::register(&mut registry));
+        let d = d.with_metrics(Metrics::register(&mut registry, DRIVER, "node-a"));
         assert!(d.prepare(vec![cref("ok", "u1")]).await["u1"].is_ok());
         let answers = d
             .prepare(vec![

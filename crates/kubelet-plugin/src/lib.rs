@@ -10,7 +10,7 @@
 //! from a watch of the node's pods), [`ledger`] (the claim table and
 //! its group-committed checkpoint), [`publish`] (slice reconciliation),
 //! [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
-//! liveness), [`metrics`], and [`app`], which wires them for the binary from [`config`].
+//! liveness), [`metrics`] with [`upstream_metrics`], and [`app`], which wires them for the binary from [`config`].
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -40,3 +40,4 @@ pub mod sockets;
 #[cfg(test)]
 mod testutil;
 pub mod types;
+pub mod upstream_metrics;

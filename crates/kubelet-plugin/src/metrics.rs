@@ -1,5 +1,7 @@
-//! Prometheus metrics of the prepare and unprepare paths.
+//! Prometheus metrics of the prepare and unprepare paths: ours (`gpu_kubelet_plugin_*`) and,
+//! beside them, the upstream DRA driver's names ([`crate::upstream_metrics`]).
 
+use crate::upstream_metrics::{InFlight, UpstreamMetrics};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -58,11 +60,12 @@ pub struct Metrics {
     unreadable_gpus: Gauge,
     unhealthy_gpus: Family<SeverityLabels, Gauge>,
     health_unknown: Gauge,
+    upstream: UpstreamMetrics,
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them under `registry`.
-    pub fn register(registry: &mut Registry) -> Self {
+    /// Creates the metrics of the plugin of `driver` on `node` and registers them under `registry`.
+    pub fn register(registry: &mut Registry, driver: &str, node: &str) -> Self {
         let metrics = Self {
             requests: Family::default(),
             errors: Family::default(),
@@ -73,6 +76,7 @@ impl Metrics {
             unreadable_gpus: Gauge::default(),
             unhealthy_gpus: Family::default(),
             health_unknown: Gauge::default(),
+            upstream: UpstreamMetrics::register(registry, driver, node),
         };
         let sub = registry.sub_registry_with_prefix("gpu_kubelet_plugin");
         sub.register(
@@ -135,8 +139,14 @@ impl Metrics {
         self.health_unknown.set(i64::from(unknown));
     }
 
+    /// Counts `claims` claims of `operation` in flight until the guard is dropped.
+    pub fn in_flight(&self, operation: Operation, claims: usize) -> InFlight {
+        self.upstream.in_flight(operation, claims)
+    }
+
     /// Records one claim's time and outcome: `failure` is the reason when it failed.
     pub fn observe(&self, operation: Operation, failure: Option<&str>, took: Duration) {
+        self.upstream.observe(operation, failure.is_some(), took);
         let labels = OperationLabels { operation };
         self.requests.get_or_create(&labels).inc();
         if let Some(reason) = failure {
@@ -167,10 +177,16 @@ impl Metrics {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    /// Sets the number of prepared devices.
-    pub fn set_prepared_devices(&self, count: usize) {
+    /// Sets the prepared-device gauges: `count` devices in the checkpoint, of which `completed`
+    /// (by name) belong to completely prepared claims.
+    pub fn set_prepared_devices<'a>(
+        &self,
+        count: usize,
+        completed: impl IntoIterator<Item = &'a str>,
+    ) {
         self.prepared_devices
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+        self.upstream.set_prepared(completed);
     }
 }
 
@@ -181,14 +197,14 @@ mod tests {
     #[test]
     fn observations_show_up_in_the_exposition() {
         let mut registry = Registry::default();
-        let metrics = Metrics::register(&mut registry);
+        let metrics = Metrics::register(&mut registry, "gpu.nvidia.com", "node-a");
         metrics.observe(Operation::Prepare, None, Duration::from_millis(1));
         metrics.observe(
             Operation::Prepare,
             Some("device_in_use"),
             Duration::from_millis(1),
         );
-        metrics.set_prepared_devices(3);
+        metrics.set_prepared_devices(3, ["gpu-0"]);
         metrics.set_unreadable_gpus(1);
         metrics.observe_claim_read(Duration::from_millis(1));
         metrics.count_checkpoint_write();
