@@ -245,15 +245,37 @@ pub fn is_gpu_node(labels: &BTreeMap<String, String>) -> bool {
         .any(|k| value(labels, k) == Some("true"))
 }
 
+/// Whether the node's GPUs can do MIG: what discovery found (`nvidia.com/mig.capable`), else by
+/// product name; never on a vGPU host.
 fn is_mig_capable(labels: &BTreeMap<String, String>) -> bool {
     if labels.contains_key(l::VGPU_HOST_DRIVER_VERSION) {
         return false;
     }
-    let product = value(labels, l::GPU_PRODUCT)
-        .unwrap_or_default()
-        .to_lowercase();
-    value(labels, l::MIG_CAPABLE) == Some("true")
-        || ["h100", "a100", "a30"].iter().any(|p| product.contains(p))
+    match value(labels, l::MIG_CAPABLE) {
+        Some(found) => found == "true",
+        None => mig_capable_by_name(value(labels, l::GPU_PRODUCT).unwrap_or_default()),
+    }
+}
+
+/// The MIG-capable data-center GPUs, as words of their product names (`NVIDIA-H100-80GB-HBM3`):
+/// the fallback for a node whose discovery did not say (`nvidia.com/mig.capable` absent).
+const MIG_CAPABLE_MODELS: &[&str] = &[
+    "a30", "a30x", "a100", "a100x", "a800", "h100", "h800", "h20", "h200", "gh200", "b100", "b200",
+    "gb200", "b300", "gb300",
+];
+
+/// Whether `product` names a MIG-capable GPU: one of its words is a model of
+/// [`MIG_CAPABLE_MODELS`] (whole words, so `RTX A3000` is not an `A30`), or it is an RTX PRO 6000
+/// Blackwell.
+fn mig_capable_by_name(product: &str) -> bool {
+    let product = product.to_lowercase();
+    let words: Vec<&str> = product
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let has = |word: &str| words.contains(&word);
+    words.iter().any(|w| MIG_CAPABLE_MODELS.contains(w))
+        || (has("rtx") && has("pro") && has("6000") && has("blackwell"))
 }
 
 /// Whether `key` is one of `mode`'s deploy keys (MIG manager included).
@@ -1237,6 +1259,32 @@ mod tests {
             (vec![(l::GPU_PRODUCT, "NVIDIA-A100-SXM4-40GB")], true),
             (vec![(l::GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3")], true),
             (vec![(l::GPU_PRODUCT, "Tesla-T4")], false),
+            // Without the discovered label, every MIG-capable product by name...
+            (vec![(l::GPU_PRODUCT, "NVIDIA-H200")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-H20")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-GH200-480GB")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-B200")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-GB200")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-B300-SXM6-AC")], true),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-A30")], true),
+            (
+                vec![(
+                    l::GPU_PRODUCT,
+                    "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+                )],
+                true,
+            ),
+            // ...and no product whose name merely contains one.
+            (vec![(l::GPU_PRODUCT, "NVIDIA-RTX-A3000-Laptop-GPU")], false),
+            (vec![(l::GPU_PRODUCT, "NVIDIA-L4")], false),
+            // What discovery found wins over the name.
+            (
+                vec![
+                    (l::MIG_CAPABLE, "false"),
+                    (l::GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3"),
+                ],
+                false,
+            ),
             (
                 vec![
                     (l::MIG_CAPABLE, "true"),
