@@ -18,7 +18,9 @@
 
 use crate::devices::DeviceTable;
 use crate::proto::{health_v1, health_v1alpha1 as pb};
+use crate::sharing::Share;
 use api::contract::taints;
+use api::gpuclass::variants::SharedOffer;
 use futures::StreamExt;
 use gpu_discovery::health::{Fault, Severity};
 use jiff::Timestamp;
@@ -89,39 +91,46 @@ pub fn device_taints(table: &DeviceTable, view: &HealthView) -> BTreeMap<String,
         .collect()
 }
 
-/// The health of every device of `table` in pool `pool`, as the stream sends it.
+/// The health of every device of `table` and of the `shares` published beside its GPUs, in pool
+/// `pool`, as the stream sends it: a share is as healthy as its GPU.
 pub fn stream_message(
     table: &DeviceTable,
+    shares: &[Share],
     view: &HealthView,
     pool: &str,
     now: Timestamp,
 ) -> pb::NodeWatchResourcesResponse {
+    let entry = |name: &str, gpu_uuid: &str| {
+        let (health, message) = match (view.unknown, view.faults.get(gpu_uuid)) {
+            (true, _) => (
+                pb::HealthStatus::Unknown,
+                "NVML is not answering".to_owned(),
+            ),
+            (false, Some(f)) => (pb::HealthStatus::Unhealthy, format!("GPU {}", f.fault)),
+            (false, None) => (pb::HealthStatus::Healthy, String::new()),
+        };
+        pb::DeviceHealth {
+            device: Some(pb::DeviceIdentifier {
+                pool_name: pool.to_owned(),
+                device_name: name.to_owned(),
+            }),
+            health: health.into(),
+            last_updated_time: now.as_second(),
+            health_check_timeout_seconds: 0,
+            message,
+        }
+    };
     let devices = table
         .devices
         .values()
-        .map(|d| {
-            let fault = view.faults.get(&d.gpu.gpu_uuid);
-            let (health, message) = match (view.unknown, fault) {
-                (true, _) => (
-                    pb::HealthStatus::Unknown,
-                    "NVML is not answering".to_owned(),
-                ),
-                (false, Some(f)) => (pb::HealthStatus::Unhealthy, format!("GPU {}", f.fault)),
-                (false, None) => (pb::HealthStatus::Healthy, String::new()),
-            };
-            pb::DeviceHealth {
-                device: Some(pb::DeviceIdentifier {
-                    pool_name: pool.to_owned(),
-                    device_name: d.name.clone(),
-                }),
-                health: health.into(),
-                last_updated_time: now.as_second(),
-                health_check_timeout_seconds: 0,
-                message,
-            }
-        })
-        .collect();
-    pb::NodeWatchResourcesResponse { devices }
+        .map(|d| entry(&d.name, &d.gpu.gpu_uuid));
+    let shared = shares.iter().filter_map(|share| {
+        let gpu = table.devices.get(&share.gpu)?;
+        Some(entry(&share.name, &gpu.gpu.gpu_uuid))
+    });
+    pb::NodeWatchResourcesResponse {
+        devices: devices.chain(shared).collect(),
+    }
 }
 
 /// Serves the kubelet's health stream from the node's device table and the health view.
@@ -130,6 +139,7 @@ pub struct HealthStream {
     table: std::sync::Arc<DeviceTable>,
     pool: String,
     view: watch::Receiver<HealthView>,
+    offers: Option<watch::Receiver<Vec<SharedOffer>>>,
     stop: Option<watch::Receiver<bool>>,
 }
 
@@ -144,8 +154,16 @@ impl HealthStream {
             table,
             pool: pool.to_owned(),
             view,
+            offers: None,
             stop: None,
         }
+    }
+
+    /// Lists the shares the GPU classes' `offers` publish too (the same offers the slices
+    /// follow), so pods holding a share see their GPU's health.
+    pub fn with_shares(mut self, offers: watch::Receiver<Vec<SharedOffer>>) -> Self {
+        self.offers = Some(offers);
+        self
     }
 
     /// Ends every open stream once `stop` turns true, so that a graceful shutdown of the
@@ -183,18 +201,32 @@ impl HealthStream {
                         None => std::future::pending().await,
                     }
                 };
+                let mut offers = this.offers.clone();
+                let offers_changed = async move {
+                    if let Some(offers) = offers.as_mut()
+                        && offers.changed().await.is_ok()
+                    {
+                        return;
+                    }
+                    std::future::pending::<()>().await;
+                };
                 tokio::select! {
                     changed = tokio::time::timeout(REPEAT, this.view.changed()) => {
                         if let Ok(Err(_)) = changed {
                             return None;
                         }
                     }
+                    () = offers_changed => {}
                     () = stopping => return None,
                 }
             }
+            let shares = match this.offers.as_mut() {
+                Some(offers) => crate::sharing::shares(&this.table, &offers.borrow_and_update()),
+                None => Vec::new(),
+            };
             let message = {
                 let view = this.view.borrow_and_update();
-                stream_message(&this.table, &view, &this.pool, Timestamp::now())
+                stream_message(&this.table, &shares, &view, &this.pool, Timestamp::now())
             };
             Some((message, (this, false)))
         })
@@ -302,18 +334,32 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        let message = stream_message(&t, &view, "node-a", now);
+        // The shares a GPU class publishes beside gpu-1 are in the stream too, as healthy as it.
+        let shares = [Share {
+            name: "gpu-1-shared-a100s".into(),
+            gpu: "gpu-1".into(),
+            class: "a100s".into(),
+            card_bytes: 40 << 30,
+            share_bytes: 20 << 30,
+            strategy: api::gpuclass::SharingStrategy::TimeSlicing,
+        }];
+        let message = stream_message(&t, &shares, &view, "node-a", now);
         assert_eq!(
             health(&message),
             [
                 ("node-a/gpu-0".to_owned(), pb::HealthStatus::Healthy),
-                ("node-a/gpu-1".to_owned(), pb::HealthStatus::Unhealthy)
+                ("node-a/gpu-1".to_owned(), pb::HealthStatus::Unhealthy),
+                (
+                    "node-a/gpu-1-shared-a100s".to_owned(),
+                    pb::HealthStatus::Unhealthy
+                )
             ]
         );
         assert_eq!(message.devices[1].message, "GPU XID 79");
+        assert_eq!(message.devices[2].message, "GPU XID 79");
         assert_eq!(message.devices[0].last_updated_time, 1_800_000_000);
         view.unknown = true;
-        let message = stream_message(&t, &view, "node-a", now);
+        let message = stream_message(&t, &shares, &view, "node-a", now);
         assert!(
             message
                 .devices

@@ -332,3 +332,83 @@ async fn the_health_stream_reports_every_device_and_each_change() {
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+/// Pods holding a share of a GPU see its health: the shares a GPU class offers join the stream
+/// as soon as they are offered, and a share is as healthy as its GPU.
+#[tokio::test]
+async fn the_health_stream_lists_the_shares_a_class_offers() {
+    use api::gpuclass::SharingStrategy;
+    use api::gpuclass::variants::{ShareSize, SharedOffer};
+    use kubelet_plugin::device_health::{GpuFault, HealthStream, HealthView};
+    use kubelet_plugin::proto::health_v1alpha1::{
+        HealthStatus, NodeWatchResourcesRequest,
+        dra_resource_health_client::DraResourceHealthClient,
+    };
+
+    let table = Arc::new(support::eight_a100s());
+    let faulty = table.devices["gpu-3"].gpu.gpu_uuid.clone();
+    let fault = GpuFault {
+        fault: gpu_discovery::health::Fault::Xid(Some(48)),
+        since: jiff::Timestamp::now(),
+    };
+    let (_view_tx, view) = tokio::sync::watch::channel(HealthView {
+        faults: [(faulty, fault)].into(),
+        unknown: false,
+    });
+    let (offers_tx, offers) = tokio::sync::watch::channel(Vec::new());
+    let dir = tempfile::tempdir().unwrap();
+    let paths = SocketPaths::new(
+        &dir.path().join("plugins_registry"),
+        &dir.path().join("plugins"),
+    );
+    let sockets = Sockets::bind(&paths)
+        .unwrap()
+        .with_health(HealthStream::new(table, "node-a", view).with_shares(offers));
+    let registration = RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy())
+        .with_resource_health();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server =
+        tokio::spawn(
+            sockets.serve(registration, DraService::new(Arc::new(Echo)), async move {
+                let _ = stopped.await;
+            }),
+        );
+
+    let mut client = DraResourceHealthClient::new(connect_unix(&paths.dra).await.unwrap());
+    let mut stream = client
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.devices.len(), 8, "no class offers shares yet");
+
+    offers_tx.send_replace(vec![SharedOffer {
+        class: "a100s".into(),
+        criteria: Vec::new(),
+        size: ShareSize::Count(2),
+        strategy: SharingStrategy::TimeSlicing,
+    }]);
+    let offered = tokio::time::timeout(std::time::Duration::from_secs(5), stream.message())
+        .await
+        .expect("the offer is sent at once, not at the next repeat")
+        .unwrap()
+        .unwrap();
+    let health = |name: &str| {
+        offered
+            .devices
+            .iter()
+            .find(|d| d.device.as_ref().unwrap().device_name == name)
+            .map(|d| d.health())
+    };
+    assert_eq!(
+        offered.devices.len(),
+        16,
+        "8 GPUs and a share device of each"
+    );
+    assert_eq!(health("gpu-3-shared-a100s"), Some(HealthStatus::Unhealthy));
+    assert_eq!(health("gpu-2-shared-a100s"), Some(HealthStatus::Healthy));
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
