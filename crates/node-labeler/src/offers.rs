@@ -1,9 +1,10 @@
 //! Whether a plane offers every GPU of a node: checked before the node's readiness labels are
 //! first set, beside the plane's validator. DRA: the `gpu.nvidia.com` ResourceSlices of the node
-//! offer every GPU, whole or as MIG partitions; device plugin: the node's allocatable
-//! `nvidia.com/gpu` is at least its GPU count. The GPU count is the `nvidia.com/gpu.count` label
-//! where GPU feature discovery set it, else one. Pure; the controller reads the slices and the
-//! Node.
+//! offer every GPU, whole or as MIG partitions; device plugin: the node's allocatable GPU
+//! resources (`nvidia.com/gpu`, time-slicing's renamed `nvidia.com/gpu.shared`, MIG `mixed`'s
+//! `nvidia.com/mig-<profile>`) add up to at least its GPU count. The GPU count is the
+//! `nvidia.com/gpu.count` label where GPU feature discovery set it, else one. Pure; the controller
+//! reads the slices and the Node.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,14 +47,32 @@ pub fn published_gpus(slices: &[ResourceSlice], node: &str) -> u64 {
     physical.len() as u64
 }
 
-/// The node's allocatable `nvidia.com/gpu`.
+/// `nvidia.com/gpu` shared by time-slicing with `renameByDefault`.
+const SHARED_GPU_RESOURCE: &str = "nvidia.com/gpu.shared";
+/// The MIG devices of one profile under the `mixed` strategy.
+const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
+/// Whether the device plugin offers GPUs under `resource`: whole (`nvidia.com/gpu`, also MIG
+/// devices under the `single` strategy), in time-slicing replicas renamed by default
+/// (`nvidia.com/gpu.shared`), or as MIG devices of a profile (`nvidia.com/mig-1g.5gb`).
+fn is_gpu_resource(resource: &str) -> bool {
+    resource == GPU_EXTENDED_RESOURCE
+        || resource == SHARED_GPU_RESOURCE
+        || resource.starts_with(MIG_RESOURCE_PREFIX)
+}
+
+/// What the node's allocatable says the device plugin offers: the GPU resources added up. A GPU
+/// in replicas or MIG devices counts more than once, so this is a floor check (no GPU left out
+/// of a node with one offer per GPU), not a count of cards.
 pub fn allocatable_gpus(node: &Node) -> u64 {
     node.status
         .as_ref()
         .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(GPU_EXTENDED_RESOURCE))
-        .and_then(|q| q.0.parse().ok())
-        .unwrap_or(0)
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| is_gpu_resource(name))
+        .filter_map(|(_, q)| q.0.parse::<u64>().ok())
+        .sum()
 }
 
 #[cfg(test)]
@@ -120,5 +139,24 @@ mod tests {
         .unwrap();
         assert_eq!(allocatable_gpus(&node), 4);
         assert_eq!(allocatable_gpus(&Node::default()), 0);
+    }
+
+    #[test]
+    fn renamed_shares_and_mig_profiles_count_as_offers() {
+        let node = |allocatable| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n"},
+                "status": {"allocatable": allocatable}}))
+            .unwrap()
+        };
+        // Time-slicing with renameByDefault: 2 GPUs in 4 replicas each, no nvidia.com/gpu.
+        let shared = node(json!({"nvidia.com/gpu.shared": "8", "memory": "64Gi"}));
+        assert_eq!(allocatable_gpus(&shared), 8);
+        // MIG mixed: one GPU whole, one in two 1g.5gb and one 2g.10gb MIG devices.
+        let mixed = node(json!({"nvidia.com/gpu": "1", "nvidia.com/mig-1g.5gb": "2",
+            "nvidia.com/mig-2g.10gb": "1"}));
+        assert_eq!(allocatable_gpus(&mixed), 4);
+        // Nothing else counts: another vendor's resource, a malformed amount.
+        let other = node(json!({"example.com/fpga": "4", "nvidia.com/gpu": "lots"}));
+        assert_eq!(allocatable_gpus(&other), 0);
     }
 }
