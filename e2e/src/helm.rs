@@ -193,6 +193,7 @@ pub async fn validate_installation(
     let want = [
         "compute-domain-daemon.nvidia.com",
         "compute-domain-default-channel.nvidia.com",
+        "gpu-or-mig.operands.gpu-operator-rs.dev",
         "gpu.nvidia.com",
         "mig.nvidia.com",
         "vfio.gpu.nvidia.com",

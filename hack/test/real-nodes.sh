@@ -282,9 +282,6 @@ k delete resourceslice real-gpu-0-fake >/dev/null
 rm "$CLUSTER_DIR/nodes/real-gpu-0/run/cdi/$DRIVER-fake.yaml"
 # The KWOK node would take the operator's pods without running them: keep it out of the way.
 k taint node gpu-node-0 gpu-operator-rs.dev/fake=true:NoSchedule >/dev/null
-# The MIG node publishes MIG devices only, which the validator's and the exporter's whole-GPU claims
-# cannot use: an admin turns those operands off there, and the labeler honours that.
-k label node "$MIG_NODE" nvidia.com/gpu.deploy.dra-validator=false nvidia.com/gpu.deploy.dcgm-exporter-dra=false >/dev/null
 images="$CLUSTER_DIR/images"
 PROFILE=debug IMAGES_OUT="$images" "$HACK_DIR/images.sh" >/dev/null
 IMAGES_DIR="$images" "$HACK_DIR/cluster" load-images
@@ -319,8 +316,8 @@ else
   fail "GPUCluster status.nodes (gpu dra readyDra): $counts"
 fi
 classes="$(k get deviceclasses -o jsonpath='{.items[*].metadata.name}')"
-if [[ "$classes" == "compute-domain-daemon.nvidia.com compute-domain-default-channel.nvidia.com gpu.nvidia.com mig.nvidia.com vfio.gpu.nvidia.com" ]]; then
-  pass "the guide's DeviceClasses: $classes"
+if [[ "$classes" == "compute-domain-daemon.nvidia.com compute-domain-default-channel.nvidia.com gpu-or-mig.operands.gpu-operator-rs.dev gpu.nvidia.com mig.nvidia.com vfio.gpu.nvidia.com" ]]; then
+  pass "the guide's DeviceClasses and the operands' own: $classes"
 else
   fail "DeviceClasses: $classes"
 fi
@@ -344,6 +341,34 @@ if [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 && "$(slice_uuids real-gp
   pass "gpu-kubelet-plugin pods registered with the real kubelets and published 4 + 2 GPUs and $migs MIG devices"
 else
   fail "ResourceSlices: real-gpu-0 $(slice_uuids real-gpu-0 | wc -l), real-gpu-1 $(slice_uuids real-gpu-1 | wc -l) GPUs, $MIG_NODE $migs MIG devices"
+fi
+# The MIG node publishes MIG devices only: the validator and the DCGM exporter run there too, their
+# admin-access claims (of the operands' class) given MIG devices, and its readiness labels come.
+operand_claims_on() { # NODE: "claim device,device,..." per operand claim of a pod on NODE
+  python3 -c '
+import json, subprocess, sys
+node, ns, kubectl, kubeconfig = sys.argv[1:]
+get = lambda kind: json.loads(subprocess.check_output([kubectl, "--kubeconfig", kubeconfig, "-n", ns, "get", kind, "-o", "json"]))["items"]
+on_node = {p["metadata"]["name"] for p in get("pods") if p["spec"].get("nodeName") == node}
+for c in get("resourceclaims"):
+    status = c.get("status") or {}
+    if any(r.get("name") in on_node for r in status.get("reservedFor") or []):
+        devices = [r["device"] for r in (status.get("allocation") or {}).get("devices", {}).get("results", [])]
+        print(c["metadata"]["name"], ",".join(devices))' "$1" "$GNS" "$BIN_DIR/kubectl" "$KUBECONFIG_FILE"
+}
+mig_ready() { [[ "$(stack_of "$MIG_NODE")" == "dra true " ]]; }
+if wait_until 60 mig_ready; then
+  on_mig="$(operand_claims_on "$MIG_NODE")"
+  migs_published="$(slice_devices "$MIG_NODE" | grep -c -- '-mig-' || true)"
+  validator_claim="$(grep '^nvidia-dra-validator' <<<"$on_mig" | cut -d' ' -f2)"
+  exporter_claim="$(grep '^nvidia-dcgm-exporter' <<<"$on_mig" | cut -d' ' -f2)"
+  if [[ "$validator_claim" == *-mig-* && "$validator_claim" != *,* && "$(tr ',' '\n' <<<"$exporter_claim" | grep -c -- '-mig-')" == "$migs_published" ]]; then
+    pass "on the all-MIG node $MIG_NODE the validator passed with MIG device $validator_claim and the exporter holds all $migs_published MIG devices; readiness labels set"
+  else
+    fail "operand claims on $MIG_NODE: $(tr '\n' ';' <<<"$on_mig") ($migs_published MIG devices published)"
+  fi
+else
+  fail "readiness labels on the all-MIG node $MIG_NODE (gpu-stack setup-complete unschedulable): '$(stack_of "$MIG_NODE")'; its pods: $(k -n "$GNS" get pods --field-selector spec.nodeName="$MIG_NODE" --no-headers | tr '\n' ';')"
 fi
 
 # GPU discovery: what the agent wrote on each real node, from its PCI bus and the driver's NVML.
@@ -471,6 +496,14 @@ claim_uid() {
 # claim's device in it (hack/cmd/cdi-validate).
 cdi_valid() { "$BIN_DIR/cdi-validate" -id "k8s.gpu.nvidia.com/claim=$2-$3" "$CLUSTER_DIR/nodes/$1/run/cdi" >/dev/null; }
 cdi_spec() { echo "$CLUSTER_DIR/nodes/$1/run/cdi/k8s.gpu.nvidia.com-claim_$2.yaml"; } # NODE UID
+# workload_specs NODE: the CDI spec files of NODE's claims, less the operands' own (the validator's
+# and the DCGM exporter's claims in the operator's namespace), sorted.
+workload_specs() {
+  local operands
+  operands="$(k -n "$GNS" get resourceclaims -o jsonpath='{range .items[*]}claim_{.metadata.uid}.{"\n"}{end}')"
+  find "$CLUSTER_DIR/nodes/$1/run/cdi" -name 'k8s.gpu.nvidia.com-claim_*' -printf '%f\n' |
+    grep -vF -f <(grep -v '^claim_\.$' <<<"$operands" || true) | sort || true
+}
 # check_gpu_pod NAME NODES COUNT: the pod succeeded on one of NODES (a|b) and saw exactly COUNT of that
 # node's GPUs, nothing else.
 check_gpu_pod() {
@@ -839,7 +872,7 @@ if wait_until 90 holding && crash_uid="$(claim_uid mig-crash)" && [[ -n "$crash_
   [[ -e "$crash_spec" ]] && fail "the held prepare wrote its CDI spec before the kill"
   [[ -n "$recorded_before_kill" ]] && fail "the held prepare was recorded ($recorded_before_kill) before its CDI spec existed"
   if wait_until 120 running mig-crash && [[ "$(checkpointed "$crash_uid")" == PrepareCompleted && "$(checkpointed "$mig_uid")" == PrepareCompleted ]]; then
-    specs="$(find "$(dirname "$crash_spec")" -name 'k8s.gpu.nvidia.com-claim_*' -printf '%f\n' | sort | tr '\n' ' ')"
+    specs="$(workload_specs "$MIG_NODE" | tr '\n' ' ')"
     want="$(printf '%s\n' "$(basename "$(cdi_spec "$MIG_NODE" "$mig_uid")")" "$(basename "$crash_spec")" | sort | tr '\n' ' ')"
     if [[ "$specs" == "$want" ]]; then
       pass "plugin SIGKILLed mid-prepare on $MIG_NODE: nothing of the held claim was recorded, and the kubelet's retry prepared it; both claims PrepareCompleted, one CDI spec each"
@@ -856,7 +889,7 @@ else
 fi
 fi
 k -n default delete pod mig-workload mig-crash --ignore-not-found --wait=false >/dev/null
-no_mig_specs() { ! compgen -G "$CLUSTER_DIR/nodes/$MIG_NODE/run/cdi/k8s.gpu.nvidia.com-claim_*" >/dev/null; }
+no_mig_specs() { [[ -z "$(workload_specs "$MIG_NODE")" ]]; }
 wait_until 90 no_mig_specs || fail "MIG claims' CDI specs left after their pods were deleted"
 
 # Faults for both plugins' NVML on real-gpu-1 come from a control file of the mock in the node's own

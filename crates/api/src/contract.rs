@@ -402,6 +402,10 @@ pub mod objects {
     pub const DEVICE_CLASS_GPU: &str = "gpu.nvidia.com";
     /// DeviceClass of MIG devices.
     pub const DEVICE_CLASS_MIG: &str = "mig.nvidia.com";
+    /// DeviceClass of the operator's own admin-access claims (validator, DCGM, DCGM exporter): whole
+    /// GPUs and MIG devices of `gpu.nvidia.com`, so those operands run on a node whose GPUs are all
+    /// in MIG mode. No GPUClass can name it (theirs are `<class>[-<variant>].gpu-operator-rs.dev`).
+    pub const DEVICE_CLASS_OPERANDS: &str = "gpu-or-mig.operands.gpu-operator-rs.dev";
     /// DeviceClass of GPUs bound to vfio-pci for passthrough.
     pub const DEVICE_CLASS_VFIO: &str = "vfio.gpu.nvidia.com";
     /// DeviceClass of ComputeDomain daemons.

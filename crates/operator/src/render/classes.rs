@@ -25,7 +25,7 @@ fn typed_device(driver: &str, kind: &str) -> String {
     format!("device.driver == '{driver}' && device.attributes['{driver}'].type == '{kind}'")
 }
 
-/// `gpu`, `mig` and `vfio` classes, and the two ComputeDomain classes when they are on. Where the
+/// `gpu`, `mig` and `vfio` classes, the operands' own (whole GPUs and MIG devices), and the two ComputeDomain classes when they are on. Where the
 /// apiserver serves it, the `gpu` class maps the extended resource `nvidia.com/gpu`: a pod asking
 /// for it on a DRA node (no device plugin offers it there) gets a claim of that class, so a
 /// workload needs no change when its node moves between the planes.
@@ -40,6 +40,13 @@ pub fn device_classes(spec: &GPUClusterSpec, facts: ClusterFacts) -> Vec<Object>
             gpu_resource,
         ),
         class(o::DEVICE_CLASS_MIG, typed_device(DRIVER_NAME, "mig"), None),
+        class(
+            o::DEVICE_CLASS_OPERANDS,
+            format!(
+                "device.driver == '{DRIVER_NAME}' && device.attributes['{DRIVER_NAME}'].type in ['gpu', 'mig']"
+            ),
+            None,
+        ),
         class(
             o::DEVICE_CLASS_VFIO,
             typed_device(DRIVER_NAME, "vfio"),

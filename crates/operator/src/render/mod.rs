@@ -273,12 +273,14 @@ fn resources(r: &Option<ResourceRequirements>) -> Value {
     r.as_ref().map(|r| json!(r)).unwrap_or_else(|| json!({}))
 }
 
-/// A ResourceClaimTemplate with one admin-access request for `mode` devices of class gpu.nvidia.com.
+/// A ResourceClaimTemplate with one admin-access request for one device, or `all` the node's
+/// devices, of the operands' class: whole GPUs and MIG devices alike.
 fn admin_claim_template(name: &str, namespace: &str, component: &str, all: bool) -> Object {
+    let class = api::contract::objects::DEVICE_CLASS_OPERANDS;
     let exactly = if all {
-        json!({"deviceClassName": api::contract::objects::DEVICE_CLASS_GPU, "allocationMode": "All", "adminAccess": true})
+        json!({"deviceClassName": class, "allocationMode": "All", "adminAccess": true})
     } else {
-        json!({"deviceClassName": api::contract::objects::DEVICE_CLASS_GPU, "allocationMode": "ExactCount", "count": 1, "adminAccess": true})
+        json!({"deviceClassName": class, "allocationMode": "ExactCount", "count": 1, "adminAccess": true})
     };
     Object::ResourceClaimTemplate(typed(json!({
         "apiVersion": "resource.k8s.io/v1",

@@ -52,6 +52,7 @@ fn default_spec_renders_every_default_operand() {
         [
             "DeviceClass/gpu.nvidia.com",
             "DeviceClass/mig.nvidia.com",
+            "DeviceClass/gpu-or-mig.operands.gpu-operator-rs.dev",
             "DeviceClass/vfio.gpu.nvidia.com",
             "DeviceClass/compute-domain-daemon.nvidia.com",
             "DeviceClass/compute-domain-default-channel.nvidia.com",
