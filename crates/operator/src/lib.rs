@@ -9,6 +9,7 @@ pub mod diff;
 pub mod features;
 pub mod pending;
 pub mod pod_creation;
+pub mod pod_failures;
 pub mod quotas;
 pub mod render;
 pub mod status;

@@ -83,6 +83,9 @@ pub enum Problem {
     Reconcile(String),
     /// An operand's pods cannot be created, with the DaemonSet controller's reason.
     PodsNotCreated(String),
+    /// Operand pods are stuck (image pull, crash loop, failing init container), naming the first
+    /// few by node, pod, container and reason.
+    PodsFailing(String),
 }
 
 /// What one reconcile observed.
@@ -130,7 +133,7 @@ fn verdict(observed: &Observed) -> (bool, &'static str, String) {
         .iter()
         .filter_map(|p| match p {
             Problem::Reconcile(m) => Some(m.as_str()),
-            Problem::DraApiNotServed | Problem::PodsNotCreated(_) => None,
+            Problem::DraApiNotServed | Problem::PodsNotCreated(_) | Problem::PodsFailing(_) => None,
         })
         .collect();
     if !failures.is_empty() {
@@ -146,6 +149,12 @@ fn verdict(observed: &Observed) -> (bool, &'static str, String) {
         .collect();
     if !not_created.is_empty() {
         return (false, "PodCreationFailed", not_created.join("; "));
+    }
+    if let Some(failing) = observed.problems.iter().find_map(|p| match p {
+        Problem::PodsFailing(m) => Some(m.clone()),
+        _ => None,
+    }) {
+        return (false, "OperandPodsFailing", failing);
     }
     if observed.unlabelled_gpu_nodes > 0 {
         return (
@@ -601,6 +610,22 @@ mod tests {
                 c.message.contains("no PriorityClass with name gpu-high"),
                 "{c:?}"
             );
+        }
+        assert_eq!(s.conditions[1].status, "True");
+
+        // Pods that run but are stuck are an error too, naming node, container and reason.
+        let stuck = Observed {
+            operands: vec![operand("nvidia-dra-driver-kubelet-plugin", false)],
+            problems: vec![Problem::PodsFailing(
+                "operand pods failing: node real-gpu-1: pod plugin-x container gpus: ImagePullBackOff"
+                    .into(),
+            )],
+            ..Observed::default()
+        };
+        let s = status(&stuck, None, None, now);
+        for c in &s.conditions[..2] {
+            assert_eq!(c.reason, "OperandPodsFailing", "{c:?}");
+            assert!(c.message.contains("real-gpu-1") && c.message.contains("ImagePullBackOff"));
         }
         assert_eq!(s.conditions[1].status, "True");
     }

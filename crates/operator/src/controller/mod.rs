@@ -240,6 +240,11 @@ async fn apply_spec(ctx: &Context, gc: &GPUCluster) -> Result<Action, Error> {
     observed
         .problems
         .extend(not_created.into_iter().map(Problem::PodsNotCreated));
+    let failing =
+        crate::pod_failures::read(&ctx.client, &ctx.settings.namespace, &daemonsets).await;
+    observed
+        .problems
+        .extend(crate::pod_failures::summary(&failing).map(Problem::PodsFailing));
     let new_status = status::status(&observed, gc.metadata.generation, gc.status.as_ref(), now);
     let ready = new_status.state == Some(api::gpucluster::State::Ready);
     write_status(ctx, gc, new_status).await?;
