@@ -286,6 +286,7 @@ async fn publish(
     table: Arc<DeviceTable>,
     health: watch::Receiver<HealthView>,
     offers: watch::Receiver<Vec<SharedOffer>>,
+    held: watch::Receiver<std::collections::BTreeSet<String>>,
     mut registration: watch::Receiver<RegistrationState>,
 ) {
     if registration
@@ -306,7 +307,7 @@ async fn publish(
             offers.clone(),
         );
         match publisher.await {
-            Ok(publisher) => return publisher.run().await,
+            Ok(publisher) => return publisher.with_held(held.clone()).run().await,
             Err(e) => {
                 tracing::warn!(%node, error = %e, "reading this Node failed; retrying");
                 tokio::time::sleep(crate::publish::RETRY).await;
@@ -382,7 +383,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     )
     .context("loading the checkpoint")?;
     report_start(&events, &report).await;
-    let driver = Arc::new(driver.with_metrics(metrics.clone()));
+    // The devices prepared claims hold: the publisher keeps a share in use published.
+    let (held_tx, held_rx) = watch::channel(std::collections::BTreeSet::new());
+    let driver = Arc::new(
+        driver
+            .with_metrics(metrics.clone())
+            .with_held_devices(held_tx),
+    );
     if matches!(report.outcome, LoadOutcome::Corrupted { .. }) {
         rebuild(&client, &driver, &config.node_name).await;
     }
@@ -423,6 +430,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         table,
         view_rx.clone(),
         offers_rx,
+        held_rx,
         registration.state(),
     ));
     let ready = service::http::Health::default();

@@ -138,6 +138,8 @@ pub struct Driver<C> {
     cdi: CdiWriter,
     ledger: Ledger,
     metrics: Option<Metrics>,
+    /// Where the devices prepared claims hold are told (the publisher keeps their shares).
+    held: Option<tokio::sync::watch::Sender<std::collections::BTreeSet<String>>>,
 }
 
 impl<C: ClaimSource> Driver<C> {
@@ -185,6 +187,7 @@ impl<C: ClaimSource> Driver<C> {
             cdi,
             ledger: Ledger::new(checkpoint, store),
             metrics: None,
+            held: None,
         };
         Ok((driver, report))
     }
@@ -193,12 +196,35 @@ impl<C: ClaimSource> Driver<C> {
     /// Records metrics from now on, starting from the claims the checkpoint holds.
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
         self.metrics = Some(metrics);
-        self.count_prepared_devices();
+        self.report_prepared();
         self
     }
 
-    /// Sets the prepared-device gauges from the checkpoint.
-    fn count_prepared_devices(&self) {
+    /// Tells `held` the names of the devices prepared claims hold, now and after every change.
+    pub fn with_held_devices(
+        mut self,
+        held: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
+    ) -> Self {
+        self.held = Some(held);
+        self.report_prepared();
+        self
+    }
+
+    /// Sets the prepared-device gauges and the held devices from the checkpoint.
+    fn report_prepared(&self) {
+        if let Some(held) = &self.held {
+            let (devices, _) = self.ledger.read(|cp| {
+                cp.claims
+                    .values()
+                    .flat_map(|e| e.devices.iter().map(|d| d.device.clone()))
+                    .collect()
+            });
+            held.send_if_modified(|old| {
+                let changed = *old != devices;
+                *old = devices;
+                changed
+            });
+        }
         let Some(m) = &self.metrics else { return };
         let ((all, completed), _) = self.ledger.read(|cp| {
             let all = cp.claims.values().map(|e| e.devices.len()).sum::<usize>();
@@ -415,7 +441,7 @@ impl<C: ClaimSource> Driver<C> {
                 }
             }
         } else {
-            self.count_prepared_devices();
+            self.report_prepared();
         }
         claims
             .iter()
@@ -813,6 +839,28 @@ mod tests {
         // The device is free again.
         claims.put(exclusive("b", "u2", &["gpu-0"]));
         assert!(d.prepare(vec![cref("b", "u2")]).await["u2"].is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_devices_prepared_claims_hold_are_told_after_each_call() {
+        let (dir, claims) = setup();
+        claims.put(exclusive("a", "u1", &["gpu-0"]));
+        claims.put(exclusive("b", "u2", &["gpu-1"]));
+        let (d, _) = driver(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("a", "u1")]).await["u1"].is_ok());
+        drop(d);
+        // A restarted plugin tells what its checkpoint holds at once.
+        let (d, _) = driver(dir.path(), &claims);
+        let (tx, held) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+        let d = d.with_held_devices(tx);
+        assert_eq!(*held.borrow(), ["gpu-0".to_owned()].into());
+        assert!(d.prepare(vec![cref("b", "u2")]).await["u2"].is_ok());
+        assert_eq!(
+            *held.borrow(),
+            ["gpu-0".to_owned(), "gpu-1".to_owned()].into()
+        );
+        assert!(d.unprepare(vec![cref("a", "u1")]).await["u1"].is_ok());
+        assert_eq!(*held.borrow(), ["gpu-1".to_owned()].into());
     }
 
     #[tokio::test]

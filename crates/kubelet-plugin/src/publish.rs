@@ -16,7 +16,7 @@
 
 use crate::device_health::{self, HealthView};
 use crate::devices::DeviceTable;
-use crate::sharing;
+use crate::sharing::{self, Share};
 use crate::slices::{self, NodeRef, Taints};
 use api::gpuclass::variants::SharedOffer;
 use futures::{FutureExt, StreamExt};
@@ -26,7 +26,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -57,6 +57,10 @@ pub struct Publisher {
     health: watch::Receiver<HealthView>,
     /// The GPU classes' shared offers (see [`crate::sharing`]).
     offers: watch::Receiver<Vec<SharedOffer>>,
+    /// The devices prepared claims hold, by name (see [`Publisher::with_held`]).
+    held: Option<watch::Receiver<BTreeSet<String>>>,
+    /// The shares of the last publish.
+    published_shares: Vec<Share>,
     /// Whether the apiserver keeps device taints; until it is seen dropping them, it does.
     taints_kept: bool,
     /// Whether the apiserver keeps multi-allocatable devices and counters; until it is seen
@@ -101,6 +105,8 @@ impl Publisher {
             table,
             health,
             offers,
+            held: None,
+            published_shares: Vec::new(),
             taints_kept: true,
             sharing_kept: true,
             last_generation: 0,
@@ -108,39 +114,58 @@ impl Publisher {
         })
     }
 
+    /// Keeps publishing a share that `held` (the devices prepared claims hold) names after the
+    /// offers stop making it, until no claim holds it ([`sharing::keep_held`]).
+    pub fn with_held(mut self, held: watch::Receiver<BTreeSet<String>>) -> Self {
+        self.held = Some(held);
+        self
+    }
+
     /// The slices to publish now, with `generation`: unhealthy devices tainted, or left out
     /// where the apiserver drops taints; shares of the GPUs the classes offer, unless the
     /// apiserver drops what sharing needs.
     fn desired(&self, generation: i64) -> Vec<ResourceSlice> {
+        self.desired_with_shares(generation).0
+    }
+
+    /// [`Publisher::desired`], with the shares in it.
+    fn desired_with_shares(&self, generation: i64) -> (Vec<ResourceSlice>, Vec<Share>) {
         let view = self.health.borrow();
         let taints = device_health::device_taints(&self.table, &view);
         let shares_of = |table: &DeviceTable| {
-            if self.sharing_kept {
-                sharing::shares(table, &self.offers.borrow())
-            } else {
-                Vec::new()
+            if !self.sharing_kept {
+                return Vec::new();
+            }
+            let offered = sharing::shares(table, &self.offers.borrow());
+            match &self.held {
+                Some(held) => sharing::keep_held(offered, &self.published_shares, &held.borrow()),
+                None => offered,
             }
         };
         if self.taints_kept || taints.is_empty() {
-            return slices::desired_slices(
+            let shares = shares_of(&self.table);
+            let slices = slices::desired_slices(
                 &self.node,
                 &self.driver,
                 &self.table,
-                &shares_of(&self.table),
+                &shares,
                 &taints,
                 generation,
             );
+            return (slices, shares);
         }
         let mut healthy = (*self.table).clone();
         healthy.devices.retain(|name, _| !taints.contains_key(name));
-        slices::desired_slices(
+        let shares = shares_of(&healthy);
+        let slices = slices::desired_slices(
             &self.node,
             &self.driver,
             &healthy,
-            &shares_of(&healthy),
+            &shares,
             &Taints::new(),
             generation,
-        )
+        );
+        (slices, shares)
     }
 
     fn field_selector(&self) -> String {
@@ -173,7 +198,7 @@ impl Publisher {
             return Ok(Outcome::Unchanged);
         }
         let mut generation = slices::next_generation(&existing, self.last_generation);
-        let mut desired = self.desired(generation);
+        let (mut desired, mut shares) = self.desired_with_shares(generation);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let mut index = 0;
         while let Some(slice) = desired.get(index) {
@@ -185,7 +210,7 @@ impl Publisher {
                     tracing::warn!(node = %self.node.name, answer = %status.message, "the apiserver refuses shared devices in this layout (Kubernetes 1.34 does): no GPU is published in shares");
                     self.sharing_kept = false;
                     generation += 1;
-                    desired = self.desired(generation);
+                    (desired, shares) = self.desired_with_shares(generation);
                     self.awaiting.clear();
                     index = 0;
                     continue;
@@ -204,7 +229,7 @@ impl Publisher {
             }
             if drops_taints || drops_sharing {
                 generation += 1;
-                desired = self.desired(generation);
+                (desired, shares) = self.desired_with_shares(generation);
                 self.awaiting.clear();
                 index = 0;
                 continue;
@@ -228,6 +253,7 @@ impl Publisher {
             }
         }
         self.last_generation = generation;
+        self.published_shares = shares;
         Ok(Outcome::Published(generation))
     }
 
@@ -267,6 +293,7 @@ impl Publisher {
         }
         let mut health_followed = true;
         let mut offers_followed = true;
+        let mut held_followed = self.held.is_some();
         loop {
             match self.reconcile(&slices_in(&store)).await {
                 Ok(Outcome::Published(generation)) => {
@@ -302,10 +329,21 @@ impl Publisher {
                     changed = self.offers.changed(), if offers_followed => {
                         offers_followed = changed.is_ok();
                     }
+                    changed = held_changed(self.held.as_mut()), if held_followed => {
+                        held_followed = changed;
+                    }
                 }
                 break;
             }
         }
+    }
+}
+
+/// Waits for the held devices to change; false once their sender is gone (or there is none).
+async fn held_changed(held: Option<&mut watch::Receiver<BTreeSet<String>>>) -> bool {
+    match held {
+        Some(held) => held.changed().await.is_ok(),
+        None => false,
     }
 }
 
@@ -473,6 +511,8 @@ mod tests {
             table: Arc::new(table(2)),
             health,
             offers,
+            held: None,
+            published_shares: Vec::new(),
             taints_kept: true,
             sharing_kept: true,
             last_generation: 0,
@@ -514,6 +554,44 @@ mod tests {
             p.reconcile(&seen(shared)).await.unwrap(),
             Outcome::Unchanged
         );
+    }
+
+    /// A class's `shared` variant removed (or its selector narrowed) while a claim holds a share:
+    /// the share and the counter it draws on stay published until the claim is unprepared, so
+    /// the scheduler cannot give the card whole meanwhile.
+    #[tokio::test]
+    async fn a_share_a_claim_holds_stays_published_until_it_is_unprepared() {
+        let (mut p, _writes, _health, offers) = publisher_with(true, ApiSharing::Keeps);
+        let (held, held_rx) = watch::channel(std::collections::BTreeSet::new());
+        p = p.with_held(held_rx);
+        offers.send_replace(quarters());
+        assert_eq!(p.reconcile(&[]).await.unwrap(), Outcome::Published(1));
+        let shared = p.desired(1);
+        p.awaiting.clear();
+        held.send_replace(["gpu-1-shared-a100".to_owned(), "gpu-0".to_owned()].into());
+        offers.send_replace(Vec::new());
+        assert_eq!(
+            p.reconcile(&seen(shared)).await.unwrap(),
+            Outcome::Published(2)
+        );
+        let kept = p.desired(2);
+        assert_eq!(device_names(&kept), ["gpu-0", "gpu-1", "gpu-1-shared-a100"]);
+        let counters: Vec<_> = kept
+            .iter()
+            .flat_map(|s| s.spec.shared_counters.iter().flatten())
+            .map(|c| c.name.clone())
+            .collect();
+        assert!(
+            !counters.is_empty(),
+            "gpu-1's counter set stays with its share"
+        );
+        p.awaiting.clear();
+        held.send_replace(["gpu-0".to_owned()].into());
+        assert_eq!(
+            p.reconcile(&seen(kept)).await.unwrap(),
+            Outcome::Published(3)
+        );
+        assert_eq!(device_names(&p.desired(3)), ["gpu-0", "gpu-1"]);
     }
 
     #[tokio::test]

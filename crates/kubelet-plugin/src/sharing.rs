@@ -63,6 +63,23 @@ pub fn shares(table: &DeviceTable, offers: &[SharedOffer]) -> Vec<Share> {
     out
 }
 
+/// `offered`, and beside them each share published before (`published`) that a prepared claim
+/// still holds (`held`: device names) though no offer makes it now: a class's `shared` variant
+/// removed or its selector narrowed must not take a share in use away, nor the counter that keeps
+/// its card from being given whole, until its last claim is unprepared.
+pub fn keep_held(
+    mut offered: Vec<Share>,
+    published: &[Share],
+    held: &std::collections::BTreeSet<String>,
+) -> Vec<Share> {
+    for share in published {
+        if held.contains(&share.name) && !offered.iter().any(|s| s.name == share.name) {
+            offered.push(share.clone());
+        }
+    }
+    offered
+}
+
 /// The shared offers of `classes`, by class name; classes being deleted keep theirs until they
 /// are gone (claims may still hold shares, and the counters must keep counting them). A class
 /// the operator would refuse offers nothing.
