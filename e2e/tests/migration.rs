@@ -450,8 +450,8 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
     assert_eq!(paused.reason, "ProgressDeadlineExceeded");
     assert!(
         paused.message.contains(&format!(
-            "node {failed}: the device-plugin plane was not ready within 8s; it went back to the \
-             dra plane"
+            "node {failed}: the device-plugin plane was not ready within 8s; it is on the dra \
+             plane"
         )),
         "{}",
         paused.message

@@ -415,7 +415,10 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         state: state.as_ref(),
         switch: plan.switch,
         ready: facts.ready,
-        holders: holding.len(),
+        holders: &holding
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect::<Vec<_>>(),
         now: jiff::Timestamp::now().as_second(),
         drain: migration.drain,
         deadline_secs: i64::from(migration.progress_deadline_seconds),
@@ -544,7 +547,11 @@ async fn account(
         }
     } else if matches!(
         step,
-        Step::Complete { .. } | Step::Cancel { .. } | Step::Idle | Step::Release
+        Step::Complete { .. }
+            | Step::Cancel { .. }
+            | Step::GiveUp { .. }
+            | Step::Idle
+            | Step::Release
     ) {
         ctx.started.lock().await.remove(name);
     }
@@ -672,7 +679,9 @@ async fn carry_out(
                 }
             }
         }
-        Step::Complete { uncordon: true, .. } | Step::Cancel { uncordon: true } => {
+        Step::Complete { uncordon: true, .. }
+        | Step::Cancel { uncordon: true }
+        | Step::GiveUp { uncordon: true, .. } => {
             node_ops::uncordon(&ctx.client, name, &pp)
                 .await
                 .map_err(cordon_err("uncordoning", name))?;
@@ -688,6 +697,7 @@ fn handover_record(step: &Step) -> Option<Option<Handover>> {
     match step {
         Step::Switch(h) | Step::RollBack(h) | Step::Reverse(h) => Some(Some(h.clone())),
         Step::Complete { record, .. } => Some(record.clone()),
+        Step::GiveUp { record, .. } => Some(Some(record.clone())),
         Step::Cancel { .. } | Step::Release => Some(None),
         _ => None,
     }
@@ -704,6 +714,7 @@ fn step_metric(step: &Step) -> Option<&'static str> {
         Step::RollBack(_) => "rolled_back",
         Step::Reverse(_) => "reversed",
         Step::Cancel { .. } => "cancelled",
+        Step::GiveUp { .. } => "drain_timed_out",
         Step::Release => "released",
         Step::Idle | Step::Queued | Step::Drain { .. } | Step::Wait { .. } => return None,
     })

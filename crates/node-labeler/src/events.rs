@@ -214,6 +214,17 @@ pub fn for_step(
                 ),
             }
         }
+        Step::GiveUp { record, .. } => event(
+            EventType::Warning,
+            "HandoverDrainTimedOut",
+            format!(
+                "{}; the node stays on the {} plane, uncordoned; the rollout pauses until the \
+                 GPUCluster changes",
+                record.rollback.as_ref().map_or("", |r| r.reason.as_str()),
+                record.to
+            ),
+            ACTION,
+        ),
         Step::RollBack(h) => event(
             EventType::Warning,
             "HandoverRolledBack",

@@ -17,8 +17,9 @@ pub struct Inputs<'a> {
     pub switch: Option<(AllocationMode, AllocationMode)>,
     /// Planes whose validator passed on the node.
     pub ready: ReadyPlanes,
-    /// Pods on the node that still hold the old plane's GPUs (read while draining).
-    pub holders: usize,
+    /// Pods on the node that still hold the old plane's GPUs (read while draining), as
+    /// `namespace/name`.
+    pub holders: &'a [String],
     /// Seconds since the Unix epoch.
     pub now: i64,
     /// `migration.drain`.
@@ -54,6 +55,15 @@ pub enum Step {
     Drain {
         /// Evict through the Eviction API rather than wait.
         evict: bool,
+    },
+    /// Pods still held the old plane past the progress deadline: the node stays on it,
+    /// uncordoned (when the hand-over cordoned it), and `record` (a rollback marker naming the
+    /// pods) pauses the rollout until the `GPUCluster` changes.
+    GiveUp {
+        /// The hand-over cordoned the node.
+        uncordon: bool,
+        /// What the annotation keeps.
+        record: Handover,
     },
     /// Nothing holds the old plane: move the deploy labels and record this.
     Switch(Handover),
@@ -104,6 +114,23 @@ impl Step {
     }
 }
 
+/// Pods named in a drain timeout's reason at most.
+const NAMED_PODS: usize = 5;
+
+/// Why a drain gave up: how many pods held which plane's GPUs, for how long, and which.
+fn drain_timeout_reason(state: &Handover, i: &Inputs<'_>) -> String {
+    let mut pods = i.holders[..i.holders.len().min(NAMED_PODS)].join(", ");
+    if i.holders.len() > NAMED_PODS {
+        pods.push_str(&format!(" and {} more", i.holders.len() - NAMED_PODS));
+    }
+    format!(
+        "{} pod(s) still held {} GPUs after {}s of draining: {pods}",
+        i.holders.len(),
+        state.from,
+        i.deadline_secs
+    )
+}
+
 /// Decides the node's next step.
 pub fn step(i: &Inputs<'_>) -> Step {
     let Some(state) = i.state else {
@@ -127,7 +154,23 @@ pub fn step(i: &Inputs<'_>) -> Step {
         Phase::RolledBack => Step::Release,
         Phase::Draining => match i.switch {
             Some((from, to)) if (from, to) == (state.from, state.to) => {
-                if i.holders > 0 {
+                let overdue = i.now - state.since > i.deadline_secs;
+                if !i.holders.is_empty() && overdue && state.rollback.is_none() {
+                    Step::GiveUp {
+                        uncordon: state.cordoned,
+                        record: Handover {
+                            from: state.to,
+                            to: state.from,
+                            phase: Phase::RolledBack,
+                            since: i.now,
+                            cordoned: false,
+                            rollback: Some(Rollback {
+                                reason: drain_timeout_reason(state, i),
+                                generation: i.generation,
+                            }),
+                        },
+                    }
+                } else if !i.holders.is_empty() {
                     Step::Drain {
                         evict: i.drain == DrainPolicy::Evict,
                     }
@@ -206,7 +249,7 @@ mod tests {
             state,
             switch,
             ready: ReadyPlanes::default(),
-            holders: 0,
+            holders: &[],
             now: NOW,
             drain: DrainPolicy::Evict,
             deadline_secs: 600,
@@ -252,8 +295,9 @@ mod tests {
     #[test]
     fn draining_evicts_or_waits_then_switches_when_nothing_holds_the_old_plane() {
         let state = record(Phase::Draining, NOW - 5);
+        let pods = ["default/a".to_owned(), "default/b".to_owned()];
         let held = Inputs {
-            holders: 2,
+            holders: &pods,
             ..inputs(Some(&state), Some((DP, Dra)))
         };
         assert_eq!(step(&held), Step::Drain { evict: true });
@@ -273,6 +317,56 @@ mod tests {
             })
         );
         assert!(free.moves_labels());
+    }
+
+    #[test]
+    fn a_drain_past_the_deadline_stays_on_the_old_plane_and_names_the_pods() {
+        let pods = ["team-a/trainer-0".to_owned(), "team-a/trainer-1".to_owned()];
+        let state = record(Phase::Draining, NOW - 601);
+        let held = Inputs {
+            holders: &pods,
+            drain: DrainPolicy::Wait,
+            ..inputs(Some(&state), Some((DP, Dra)))
+        };
+        let Step::GiveUp {
+            uncordon,
+            record: marker,
+        } = step(&held)
+        else {
+            panic!("{:?}", step(&held));
+        };
+        assert!(uncordon, "the hand-over cordoned the node");
+        assert_eq!(marker.phase, Phase::RolledBack);
+        assert_eq!(
+            marker.pinned(2),
+            Some(DP),
+            "it stays on the plane it never left"
+        );
+        let reason = &marker.rollback.as_ref().unwrap().reason;
+        assert_eq!(
+            reason,
+            "2 pod(s) still held device-plugin GPUs after 600s of draining: team-a/trainer-0, team-a/trainer-1"
+        );
+        // Within the deadline it keeps draining; a rollback's own drain never gives up.
+        let recent = record(Phase::Draining, NOW - 600);
+        assert_eq!(
+            step(&Inputs {
+                state: Some(&recent),
+                ..held
+            }),
+            Step::Drain { evict: false }
+        );
+        let rolling_back = Handover {
+            rollback: rollback(2),
+            ..state.clone()
+        };
+        assert_eq!(
+            step(&Inputs {
+                state: Some(&rolling_back),
+                ..held
+            }),
+            Step::Drain { evict: false }
+        );
     }
 
     #[test]

@@ -287,7 +287,7 @@ fn migration_paused(
                 .iter()
                 .map(|n| {
                     format!(
-                        "node {}: {}; it went back to the {} plane",
+                        "node {}: {}; it is on the {} plane",
                         n.node,
                         n.reason.as_deref().unwrap_or("rolled back"),
                         n.to
@@ -558,8 +558,8 @@ mod tests {
         );
         assert!(
             c.message.starts_with(
-                "node gpu-a: the device-plugin plane was not ready within 600s; it went back to \
-                 the dra plane. No other node changes plane"
+                "node gpu-a: the device-plugin plane was not ready within 600s; it is on the \
+                 dra plane. No other node changes plane"
             ),
             "{}",
             c.message
