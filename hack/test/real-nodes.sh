@@ -1256,15 +1256,16 @@ fi
 if full; then # not in the subset: an operand's pods stuck
 # An operand whose image cannot be pulled: the GPUCluster's Ready and Error conditions name the
 # node, the pod, the container and the reason, not only "n of m pods available".
-k patch gpucluster gpu-cluster --type merge -p '{"spec": {"dcgmExporter": {"image": {"image": "registry.invalid/dcgm-exporter:none"}}}}' >/dev/null
+exporter_image="$(k get gpucluster gpu-cluster -o jsonpath='{.spec.dcgmExporter.image}')"
+k patch gpucluster gpu-cluster --type merge -p "{\"spec\": {\"dcgmExporter\": {\"image\": \"$exporter_image-missing\"}}}" >/dev/null
 ready_says() { k get gpucluster gpu-cluster -o jsonpath='{.status.conditions[?(@.type=="Ready")].reason}: {.status.conditions[?(@.type=="Ready")].message}'; }
-failing_named() { ready_says | grep -Eq '^OperandPodsFailing: operand pods failing: node real-gpu-[0-9]+: pod nvidia-dcgm-exporter-dra-[a-z0-9]+ container [a-z-]+: (ErrImagePull|ImagePullBackOff)'; }
+failing_named() { ready_says | grep -Eq '^OperandPodsFailing: operand pods failing: node real-gpu-[0-9]+: pod nvidia-dcgm-exporter-dra-[a-z0-9]+ container [a-z-]+: (ErrImagePull|ImagePullBackOff) \(.*'"$exporter_image-missing"; }
 if wait_until 120 failing_named; then
   pass "an exporter image that cannot be pulled is named in the GPUCluster: $(ready_says | cut -c1-200)"
 else
   fail "GPUCluster with an unpullable exporter image says: $(ready_says)"
 fi
-k patch gpucluster gpu-cluster --type json -p '[{"op": "remove", "path": "/spec/dcgmExporter/image/image"}]' >/dev/null
+k patch gpucluster gpu-cluster --type merge -p "{\"spec\": {\"dcgmExporter\": {\"image\": \"$exporter_image\"}}}" >/dev/null
 wait_until 180 gc_ready || fail "GPUCluster not ready again once the exporter's image was restored: $(ready_says)"
 fi
 
