@@ -486,10 +486,11 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
         "{printed}{}",
         String::from_utf8_lossy(&dry.stderr)
     );
+    // Every DeviceClass that hands out GPUs gets the limit: one left out would let its claims past.
     assert!(
-        printed.contains(&format!(
-            "{NS}/gpus: requests.nvidia.com/gpu: 2 -> gpu.nvidia.com.deviceclass.resource.k8s.io/devices: 2"
-        )),
+        printed.contains(&format!("{NS}/gpus: requests.nvidia.com/gpu: 2 -> "))
+            && printed.contains("gpu.nvidia.com.deviceclass.resource.k8s.io/devices")
+            && printed.contains("mig.nvidia.com.deviceclass.resource.k8s.io/devices"),
         "{printed}"
     );
     let hard = |q: ResourceQuota| q.spec.and_then(|s| s.hard).unwrap_or_default();
@@ -504,12 +505,15 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
         String::from_utf8_lossy(&applied.stderr)
     );
     let after = hard(quotas.get("gpus").await?);
-    assert_eq!(
-        after
-            .get("gpu.nvidia.com.deviceclass.resource.k8s.io/devices")
-            .map(|q| q.0.as_str()),
-        Some("2")
-    );
+    for class in ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"] {
+        assert_eq!(
+            after
+                .get(&format!("{class}.deviceclass.resource.k8s.io/devices"))
+                .map(|q| q.0.as_str()),
+            Some("2"),
+            "{class}: {after:?}"
+        );
+    }
     assert!(!after.contains_key("requests.nvidia.com/gpu"), "{after:?}");
 
     // Clean up while the operator runs: its finalizer holds the GPUCluster until it drains, and
