@@ -678,6 +678,71 @@ async fn pending_pod_is_explained(
     claims
         .delete("chart-e2e-greedy", &DeleteParams::default())
         .await?;
+
+    // A claim naming a DeviceClass that does not exist (the guide's first common mistake) is
+    // told so, with the class it was meant to be.
+    let _ = claims
+        .delete("chart-e2e-typo", &DeleteParams::default())
+        .await;
+    let _ = default_pods
+        .delete("chart-e2e-typo", &DeleteParams::default().grace_period(0))
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        "the last typo pod gone",
+        || async {
+            Ok(default_pods
+                .get_opt("chart-e2e-typo")
+                .await?
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await?;
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+            "metadata": {"name": "chart-e2e-typo"},
+            "spec": {"devices": {"requests": [{"name": "gpu",
+                "exactly": {"deviceClassName": "gpu.nvidia.co"}}]}}}))?,
+        )
+        .await?;
+    let typo: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "chart-e2e-typo"},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                 "resources": {"claims": [{"name": "gpu"}]}}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "chart-e2e-typo"}]}}))?;
+    let typo_uid = default_pods
+        .create(&PostParams::default(), &typo)
+        .await?
+        .uid()
+        .unwrap_or_default();
+    let (_, told) = eventually(
+        Duration::from_secs(60),
+        "a DeviceClassNotFound Event on the pod",
+        || async {
+            let list = events
+                .list(&ListParams::default().fields(&format!("involvedObject.uid={typo_uid}")))
+                .await?;
+            Ok(list.items.into_iter().find_map(|e| {
+                (e.reason.as_deref() == Some("DeviceClassNotFound"))
+                    .then(|| ((), e.message.unwrap_or_default()))
+            }))
+        },
+    )
+    .await?;
+    eprintln!("chart: typo pod told: {told}");
+    ensure!(
+        told.contains("DeviceClass gpu.nvidia.co does not exist (did you mean gpu.nvidia.com?)"),
+        "unexpected note: {told}"
+    );
+    default_pods
+        .delete("chart-e2e-typo", &DeleteParams::default().grace_period(0))
+        .await?;
+    claims
+        .delete("chart-e2e-typo", &DeleteParams::default())
+        .await?;
     Ok(())
 }
 

@@ -1,11 +1,15 @@
 //! Pods the scheduler cannot place because no device of one of our DeviceClasses is free: a Warning
 //! Event on the pod that names the class, the nodes that publish such devices and how many of them
 //! are taken, told once per pod. The scheduler's own message says only that claims cannot be
-//! allocated. The decisions are pure; [`run`] is the watch around them.
+//! allocated. Our classes are the built-in ones and those derived from GPUClasses. A claim naming a
+//! DeviceClass that does not exist (a typo such as `gpu.nvidia.co`) gets an Event too, naming the
+//! GPU classes there are. The decisions are pure; [`run`] is the watch around them.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use api::GPUClass;
 use api::contract::{DRIVER_NAME, objects as o};
+use api::gpuclass::variants::{Criterion, variants};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -15,14 +19,24 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-/// The `type` attribute of the devices one of our DeviceClasses selects.
-pub fn device_type(class: &str) -> Option<&'static str> {
-    match class {
+/// What one of our DeviceClasses selects, as conditions on a `gpu.nvidia.com` device: the
+/// built-in classes by `type`, a GPUClass's by its variant's criteria; `None` for any other class.
+pub fn selection(class: &str, gpu_classes: &[GPUClass]) -> Option<Vec<Criterion>> {
+    let builtin = match class {
         o::DEVICE_CLASS_GPU => Some("gpu"),
         o::DEVICE_CLASS_MIG => Some("mig"),
         o::DEVICE_CLASS_VFIO => Some("vfio"),
         _ => None,
+    };
+    if let Some(kind) = builtin {
+        return Some(vec![Criterion::Type(kind)]);
     }
+    gpu_classes
+        .iter()
+        .filter_map(|c| variants(c).ok())
+        .flatten()
+        .find(|v| v.device_class == class)
+        .map(|v| v.criteria)
 }
 
 /// Whether the scheduler tried the pod and found no node for it.
@@ -65,7 +79,7 @@ pub fn claim_names(pod: &Pod) -> BTreeSet<String> {
     named.chain(generated).chain(extended).collect()
 }
 
-/// Our DeviceClasses a claim asks devices of, with how many (a request for all devices of a
+/// The DeviceClasses a claim asks devices of, with how many (a request for all devices of a
 /// class counts one; of alternatives, each counts its own).
 pub fn classes_wanted(claim: &ResourceClaim) -> BTreeMap<String, i64> {
     let requests = claim
@@ -85,9 +99,7 @@ pub fn classes_wanted(claim: &ResourceClaim) -> BTreeMap<String, i64> {
             .flatten()
             .map(|s| (s.device_class_name.clone(), s.count.unwrap_or(1)));
         for (class, count) in exact.chain(alternatives) {
-            if device_type(&class).is_some() {
-                *wanted.entry(class).or_insert(0) += count.max(1);
-            }
+            *wanted.entry(class).or_insert(0) += count.max(1);
         }
     }
     wanted
@@ -96,21 +108,20 @@ pub fn classes_wanted(claim: &ResourceClaim) -> BTreeMap<String, i64> {
 /// Devices of one type per node: `(published, allocated)`.
 pub type Supply = BTreeMap<String, (usize, usize)>;
 
-/// How many devices of `device_type` each node publishes for our driver, and how many of them
+/// How many devices meeting `selection` each node publishes for our driver, and how many of them
 /// claims hold (admin access holds none).
-pub fn supply(device_type: &str, slices: &[ResourceSlice], claims: &[ResourceClaim]) -> Supply {
+pub fn supply(
+    selection: &[Criterion],
+    slices: &[ResourceSlice],
+    claims: &[ResourceClaim],
+) -> Supply {
     let mut published: BTreeSet<(String, String)> = BTreeSet::new();
     for slice in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
         let Some(node) = slice.spec.node_name.as_ref() else {
             continue;
         };
         for device in slice.spec.devices.iter().flatten() {
-            let kind = device
-                .attributes
-                .as_ref()
-                .and_then(|a| a.get("type"))
-                .and_then(|a| a.string.as_deref());
-            if kind == Some(device_type) {
+            if selection.iter().all(|c| c.matches(device)) {
                 published.insert((node.clone(), device.name.clone()));
             }
         }
@@ -181,6 +192,39 @@ pub fn note(class: &str, wanted: i64, supply: &Supply) -> String {
     }
 }
 
+/// What the Event says of a class the claims name that does not exist: the GPU classes there
+/// are (`ours`), the closest first when it is a near miss.
+pub fn missing_note(class: &str, ours: &[String]) -> String {
+    let near = ours
+        .iter()
+        .map(|c| (edit_distance(class, c), c))
+        .filter(|(d, _)| *d <= 3)
+        .min();
+    let hint = near.map_or(String::new(), |(_, c)| format!(" (did you mean {c}?)"));
+    format!(
+        "DeviceClass {class} does not exist{hint}; the GPU DeviceClasses here: {}",
+        ours.join(", ")
+    )
+}
+
+/// Levenshtein distance of two short names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 /// Watches unscheduled Pending pods and tells each one that waits for our devices why, once.
 pub async fn run(client: kube::Client, recorder: Recorder) {
     let pods: Api<Pod> = Api::all(client.clone());
@@ -213,7 +257,8 @@ pub async fn run(client: kube::Client, recorder: Recorder) {
     }
 }
 
-/// Publishes the Event for `pod` when it waits for devices of our classes; whether it did.
+/// Publishes the Event for `pod` when it waits for devices of our classes, or its claims name a
+/// DeviceClass that does not exist; whether it did.
 async fn tell(client: &kube::Client, recorder: &Recorder, pod: &Pod) -> kube::Result<bool> {
     let ns = pod.namespace().unwrap_or_default();
     let claims_here: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
@@ -235,24 +280,59 @@ async fn tell(client: &kube::Client, recorder: &Recorder, pod: &Pod) -> kube::Re
     if classes.is_empty() {
         return Ok(false);
     }
-    let slices = Api::<ResourceSlice>::all(client.clone())
-        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER_NAME}")))
-        .await?
-        .items;
-    let claims = Api::<ResourceClaim>::all(client.clone())
+    let existing: Vec<String> =
+        Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+    // Without the GPUClass CRD (or its read failing) only the built-in classes are ours.
+    let gpu_classes = Api::<GPUClass>::all(client.clone())
         .list(&ListParams::default())
-        .await?
-        .items;
-    let notes: Vec<String> = classes
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let ours: Vec<String> = existing
         .iter()
-        .filter_map(|(class, wanted)| {
-            let kind = device_type(class)?;
-            Some(note(class, *wanted, &supply(kind, &slices, &claims)))
-        })
+        .filter(|c| selection(c, &gpu_classes).is_some())
+        .cloned()
         .collect();
+    let mut missing = Vec::new();
+    let mut wanted_here = Vec::new();
+    for (class, wanted) in &classes {
+        if !existing.contains(class) {
+            missing.push(missing_note(class, &ours));
+        } else if let Some(criteria) = selection(class, &gpu_classes) {
+            wanted_here.push((class, *wanted, criteria));
+        }
+    }
+    let mut notes = missing.clone();
+    if !wanted_here.is_empty() {
+        let slices = Api::<ResourceSlice>::all(client.clone())
+            .list(&ListParams::default().fields(&format!("spec.driver={DRIVER_NAME}")))
+            .await?
+            .items;
+        let claims = Api::<ResourceClaim>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        notes.extend(wanted_here.iter().map(|(class, wanted, criteria)| {
+            note(class, *wanted, &supply(criteria, &slices, &claims))
+        }));
+    }
+    if notes.is_empty() {
+        return Ok(false);
+    }
+    let reason = if missing.is_empty() {
+        "GPUsUnavailable"
+    } else {
+        "DeviceClassNotFound"
+    };
     let event = Event {
         type_: EventType::Warning,
-        reason: "GPUsUnavailable".into(),
+        reason: reason.into(),
         note: Some(notes.join("; ")),
         action: "Scheduling".into(),
         secondary: None,
@@ -298,13 +378,41 @@ mod tests {
     }
 
     #[test]
-    fn only_our_classes_are_wanted() {
+    fn every_class_a_claim_names_is_wanted_and_ours_are_told_apart() {
         let wanted = classes_wanted(&claim(o::DEVICE_CLASS_MIG, &[]));
         assert_eq!(
             wanted,
-            BTreeMap::from([(o::DEVICE_CLASS_MIG.to_owned(), 1)])
+            BTreeMap::from([
+                ("example.com".to_owned(), 1),
+                (o::DEVICE_CLASS_MIG.to_owned(), 1)
+            ])
         );
-        assert!(classes_wanted(&claim("example.com", &[])).is_empty());
+        let h100: GPUClass = serde_json::from_value(json!({
+            "apiVersion": "gpu-operator-rs.dev/v1alpha1", "kind": "GPUClass",
+            "metadata": {"name": "h100"},
+            "spec": {"selector": {"productNames": ["NVIDIA H100 80GB HBM3"]}}}))
+        .unwrap();
+        assert!(selection("example.com", &[]).is_none());
+        assert_eq!(
+            selection(o::DEVICE_CLASS_MIG, &[]),
+            Some(vec![Criterion::Type("mig")])
+        );
+        let of_class = selection("h100.gpu-operator-rs.dev", &[h100]).expect("a GPUClass's class");
+        assert!(of_class.contains(&Criterion::Type("gpu")), "{of_class:?}");
+    }
+
+    #[test]
+    fn a_missing_class_is_named_with_the_closest_of_ours() {
+        let ours = [
+            o::DEVICE_CLASS_GPU.to_owned(),
+            o::DEVICE_CLASS_MIG.to_owned(),
+        ];
+        assert_eq!(
+            missing_note("gpu.nvidia.co", &ours),
+            "DeviceClass gpu.nvidia.co does not exist (did you mean gpu.nvidia.com?); the GPU \
+             DeviceClasses here: gpu.nvidia.com, mig.nvidia.com"
+        );
+        assert!(!missing_note("tpu.example.com", &ours).contains("did you mean"));
     }
 
     #[test]
@@ -321,7 +429,7 @@ mod tests {
             claim(o::DEVICE_CLASS_MIG, &[("a", "mig-0")]),
             admin,
         ];
-        let gpus = supply("gpu", &slices, &claims);
+        let gpus = supply(&[Criterion::Type("gpu")], &slices, &claims);
         assert_eq!(
             gpus,
             Supply::from([("a".into(), (2, 1)), ("b".into(), (1, 1))])
@@ -334,12 +442,12 @@ mod tests {
         );
         assert!(note(o::DEVICE_CLASS_GPU, 2, &gpus)
             .ends_with("1 are free and the pod's claims ask 2. Free devices, or move more GPU nodes to the dra plane"));
-        let taken = supply("gpu", &slices[1..], &claims);
+        let taken = supply(&[Criterion::Type("gpu")], &slices[1..], &claims);
         assert!(note(o::DEVICE_CLASS_GPU, 1, &taken).ends_with(
             "(b: 1 of 1 allocated); every one is allocated. Free a device, or move more GPU \
              nodes to the dra plane"
         ));
-        let none = supply("vfio", &slices, &claims);
+        let none = supply(&[Criterion::Type("vfio")], &slices, &claims);
         assert!(
             note(o::DEVICE_CLASS_VFIO, 1, &none)
                 .starts_with("no node publishes devices of DeviceClass vfio.gpu.nvidia.com")
