@@ -179,11 +179,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             registered_tx,
         )));
     }
-    tokio::spawn(crate::physical_gpus::follow(
+    let physical_gpus = tokio::spawn(crate::physical_gpus::follow(
         config.node_name.clone(),
         inventory,
         state_rx.clone(),
         registrations.clone(),
+        shutdown_rx.clone(),
     ));
     let readiness = health_http.clone();
     tokio::spawn(async move {
@@ -212,6 +213,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for server in servers {
         let _ = server.await;
     }
+    // The PhysicalGPUs say that nothing serves them now (bounded by inventory::FINAL_WRITE).
+    let _ = physical_gpus.await;
     drop(monitor);
     tracing::info!("sockets removed; bye");
     outcome

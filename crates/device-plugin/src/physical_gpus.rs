@@ -35,15 +35,18 @@ fn observe(
         offered: !registrations.is_empty() && registrations.iter().all(|r| *r.borrow()),
         // The device plugin is not told which pod gets a device.
         consumers: BTreeMap::new(),
+        stopped: false,
     }
 }
 
-/// Keeps the node's PhysicalGPUs following the plugin until its state goes.
+/// Keeps the node's PhysicalGPUs following the plugin until `stop` turns true (or its state
+/// goes); then writes that nothing serves them (within [`inventory::FINAL_WRITE`]).
 pub async fn follow(
     node: String,
     inventory: Inventory,
     mut state: watch::Receiver<State>,
     registrations: Vec<watch::Receiver<bool>>,
+    mut stop: watch::Receiver<bool>,
 ) {
     if node.is_empty() {
         tracing::warn!("NODE_NAME is not set: this node's PhysicalGPUs are not written");
@@ -63,10 +66,15 @@ pub async fn follow(
         &registrations,
     );
     let (observed, follower) = watch::channel(first);
-    tokio::spawn(Publisher::run(client, follower, FIELD_MANAGER));
+    let writer = tokio::spawn(Publisher::run(client, follower, FIELD_MANAGER));
     loop {
-        if let Ok(Err(_)) = tokio::time::timeout(REGISTRATION_CHECK, state.changed()).await {
-            return;
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            changed = tokio::time::timeout(REGISTRATION_CHECK, state.changed()) => {
+                if let Ok(Err(_)) = changed {
+                    break;
+                }
+            }
         }
         let next = observe(
             &node,
@@ -80,4 +88,5 @@ pub async fn follow(
             changed
         });
     }
+    inventory::stop_serving(observed, writer).await;
 }

@@ -7,5 +7,5 @@
 pub mod publisher;
 pub mod render;
 
-pub use publisher::Publisher;
+pub use publisher::{FINAL_WRITE, Publisher, stop_serving};
 pub use render::{Observed, Plane, desired};

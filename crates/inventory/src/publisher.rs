@@ -175,6 +175,19 @@ impl Publisher {
     }
 }
 
+/// How long a stopping plugin waits for its last write (that nothing serves its GPUs).
+pub const FINAL_WRITE: Duration = Duration::from_secs(5);
+
+/// A stopping plugin's last word: marks the observation stopped, closes it, and waits (at most
+/// [`FINAL_WRITE`]) for `writer` (the [`Publisher::run`] task following it) to write it.
+pub async fn stop_serving(observed: watch::Sender<Observed>, writer: tokio::task::JoinHandle<()>) {
+    observed.send_modify(|o| o.stopped = true);
+    drop(observed);
+    if tokio::time::timeout(FINAL_WRITE, writer).await.is_err() {
+        tracing::warn!("the PhysicalGPUs could not be marked unserved in time");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -277,6 +290,7 @@ mod tests {
             health_unknown: false,
             offered: true,
             consumers: BTreeMap::new(),
+            stopped: false,
         }
     }
 
@@ -285,6 +299,37 @@ mod tests {
         observed.node_uid = publisher.node_uid.clone();
         let desired = render::desired(&observed, publisher.live(), Timestamp::now());
         publisher.sync(desired).await.unwrap();
+    }
+
+    /// A plugin that stops (its pod deleted in a hand-over) leaves its node's PhysicalGPUs saying
+    /// that nothing serves them, not `Ready` until the other plane writes them.
+    #[tokio::test]
+    async fn a_stopping_plugin_marks_its_gpus_unserved_before_it_goes() {
+        let api = FakeApi::default();
+        let (tx, rx) = watch::channel(observed(2));
+        let writer = tokio::spawn(Publisher::run(api.client(), rx, "test"));
+        let ready = |api: &FakeApi| {
+            api.objects
+                .lock()
+                .unwrap()
+                .values()
+                .map(|o| {
+                    o["status"]["conditions"][2]["reason"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect::<Vec<_>>()
+        };
+        for _ in 0..100 {
+            if ready(&api) == ["Offered", "Offered"] {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(ready(&api), ["Offered", "Offered"]);
+        stop_serving(tx, writer).await;
+        assert_eq!(ready(&api), ["NotServed", "NotServed"]);
     }
 
     #[tokio::test]

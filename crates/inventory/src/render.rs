@@ -50,6 +50,9 @@ pub struct Observed {
     pub offered: bool,
     /// Who uses each GPU (by UUID): `<namespace>/<claim>`.
     pub consumers: BTreeMap<String, Vec<String>>,
+    /// The plugin is stopping (its pod deleted: a hand-over, the operands switched off): nothing
+    /// serves the GPUs until a plugin of either plane starts on the node.
+    pub stopped: bool,
 }
 
 /// `Some(true)` True, `Some(false)` False, `None` Unknown.
@@ -104,7 +107,21 @@ fn conditions(observed: &Observed, gpu: &Gpu) -> (Vec<Condition>, &'static str) 
         (false, Some(fault)) => condition("Healthy", Some(false), "Fault", fault.clone()),
         (false, None) => condition("Healthy", Some(true), "NoFault", "no fault seen".into()),
     };
-    let (ready, phase) = if observed.health_unknown {
+    let (ready, phase) = if observed.stopped {
+        (
+            condition(
+                "Ready",
+                Some(false),
+                "NotServed",
+                format!(
+                    "the {} plugin on this node stopped; nothing offers this GPU until a plugin \
+                     of either plane starts here",
+                    observed.plane.as_str()
+                ),
+            ),
+            "NotReady",
+        )
+    } else if observed.health_unknown {
         (
             condition(
                 "Ready",

@@ -435,13 +435,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
     let ready = service::http::Health::default();
     let mut registered = registration.state();
-    tokio::spawn(crate::physical_gpus::follow(
+    let physical_gpus = tokio::spawn(crate::physical_gpus::follow(
         client.clone(),
         config.node_name.clone(),
         gpus,
         Arc::clone(&driver),
-        view_rx.clone(),
-        registration.state(),
+        (view_rx.clone(), registration.state()),
+        shutdown.wait(),
     ));
     let readiness = ready.clone();
     tokio::spawn(async move {
@@ -477,6 +477,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     sockets
         .serve(registration, DraService::new(driver), shutdown.wait())
         .await?;
+    // The PhysicalGPUs say that nothing serves them now (bounded by inventory::FINAL_WRITE).
+    let _ = physical_gpus.await;
     tracing::info!("sockets removed; bye");
     Ok(())
 }

@@ -42,17 +42,22 @@ fn observe<C: ClaimSource>(
         health_unknown: health.unknown,
         offered: *registered == RegistrationState::Registered,
         consumers: driver.consumers(),
+        stopped: false,
     }
 }
 
-/// Keeps the node's PhysicalGPUs following the plugin until the health view goes.
+/// Keeps the node's PhysicalGPUs following the plugin until `stop` (or the health view goes);
+/// then writes that nothing serves them (within [`inventory::FINAL_WRITE`]).
 pub async fn follow<C: ClaimSource + Send + Sync + 'static>(
     client: kube::Client,
     node: String,
     gpus: Vec<Gpu>,
     driver: Arc<Driver<C>>,
-    mut health: watch::Receiver<HealthView>,
-    mut registered: watch::Receiver<RegistrationState>,
+    (mut health, mut registered): (
+        watch::Receiver<HealthView>,
+        watch::Receiver<RegistrationState>,
+    ),
+    stop: impl std::future::Future<Output = ()>,
 ) {
     let mut claims = driver.claim_changes();
     let table = driver.devices().clone();
@@ -61,12 +66,14 @@ pub async fn follow<C: ClaimSource + Send + Sync + 'static>(
     };
     let first = now(&health.borrow_and_update(), &registered.borrow_and_update());
     let (observed, follower) = watch::channel(first);
-    tokio::spawn(Publisher::run(client, follower, FIELD_MANAGER));
+    let writer = tokio::spawn(Publisher::run(client, follower, FIELD_MANAGER));
+    let mut stop = std::pin::pin!(stop);
     loop {
         tokio::select! {
-            changed = health.changed() => if changed.is_err() { return },
-            changed = registered.changed() => if changed.is_err() { return },
-            changed = claims.changed() => if changed.is_err() { return },
+            () = &mut stop => break,
+            changed = health.changed() => if changed.is_err() { break },
+            changed = registered.changed() => if changed.is_err() { break },
+            changed = claims.changed() => if changed.is_err() { break },
         }
         let next = now(&health.borrow_and_update(), &registered.borrow_and_update());
         observed.send_if_modified(|o| {
@@ -75,4 +82,5 @@ pub async fn follow<C: ClaimSource + Send + Sync + 'static>(
             changed
         });
     }
+    inventory::stop_serving(observed, writer).await;
 }

@@ -38,6 +38,7 @@ fn observed() -> Observed {
         health_unknown: false,
         offered: true,
         consumers: BTreeMap::from([("GPU-00000001".into(), vec!["team-a/train-gpu".into()])]),
+        stopped: false,
     }
 }
 
@@ -88,6 +89,24 @@ fn a_fault_a_silent_nvml_and_a_missing_registration_each_say_why() {
         &desired(&unregistered, &BTreeMap::new(), Timestamp::UNIX_EPOCH)["gpu-node-0-0000-00-00-0"];
     let ready = &object.status.as_ref().unwrap().conditions[2];
     assert_eq!(ready.reason, "NotRegistered");
+    assert_eq!(object.status.as_ref().unwrap().phase, "NotReady");
+
+    // The plugin stopping (a hand-over, the operands switched off): nothing serves the GPUs, even
+    // a healthy, registered one.
+    let mut stopped = observed();
+    stopped.stopped = true;
+    let object =
+        &desired(&stopped, &BTreeMap::new(), Timestamp::UNIX_EPOCH)["gpu-node-0-0000-01-00-0"];
+    let ready = &object.status.as_ref().unwrap().conditions[2];
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NotServed")
+    );
+    assert!(
+        ready
+            .message
+            .starts_with("the dra plugin on this node stopped")
+    );
     assert_eq!(object.status.as_ref().unwrap().phase, "NotReady");
 }
 
