@@ -29,7 +29,8 @@ build: ## Build every binary and test target of the workspace
 	$(CARGO) build --workspace --all-targets --locked
 
 # Every shell script of the repository (hack/, e2e/, the chart's and the plugin's test scripts).
-SHELL_SCRIPTS = $(shell git ls-files '*.sh' .ci/run hack/cluster hack/real-node hack/fake-driver-root hack/bench-upstream-plugin)
+# Every tracked shell script: `*.sh`, and any file whose first line is a bash or sh shebang.
+SHELL_SCRIPTS = $(sort $(shell git ls-files '*.sh') $(shell git ls-files -z | xargs -0 awk 'FNR == 1 && /^\#!.*[/ ](ba)?sh( |$$)/ { print FILENAME } { nextfile }'))
 
 lint: ## rustfmt, clippy and shellcheck, warnings are errors
 	$(CARGO) fmt --all --check
