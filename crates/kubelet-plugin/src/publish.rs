@@ -59,8 +59,10 @@ pub struct Publisher {
     offers: watch::Receiver<Vec<SharedOffer>>,
     /// The devices prepared claims hold, by name (see [`Publisher::with_held`]).
     held: Option<watch::Receiver<BTreeSet<String>>>,
-    /// The shares of the last publish.
+    /// The shares of the last publish (at start: those the live slices hold).
     published_shares: Vec<Share>,
+    /// Whether `published_shares` was read from the live slices yet.
+    shares_seeded: bool,
     /// Whether the apiserver keeps device taints; until it is seen dropping them, it does.
     taints_kept: bool,
     /// Whether the apiserver keeps multi-allocatable devices and counters; until it is seen
@@ -107,6 +109,7 @@ impl Publisher {
             offers,
             held: None,
             published_shares: Vec::new(),
+            shares_seeded: false,
             taints_kept: true,
             sharing_kept: true,
             last_generation: 0,
@@ -187,6 +190,15 @@ impl Publisher {
         }
         let api: Api<ResourceSlice> = Api::all(self.client.clone());
         let existing: Vec<ResourceSlice> = existing.iter().map(|s| (**s).clone()).collect();
+        if !self.shares_seeded {
+            // A restarted plugin keeps the shares it published before while claims hold them.
+            self.published_shares = existing
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .filter_map(sharing::published_share)
+                .collect();
+            self.shares_seeded = true;
+        }
         let current = existing
             .iter()
             .map(|s| s.spec.pool.generation)
@@ -513,6 +525,7 @@ mod tests {
             offers,
             held: None,
             published_shares: Vec::new(),
+            shares_seeded: false,
             taints_kept: true,
             sharing_kept: true,
             last_generation: 0,
@@ -592,6 +605,26 @@ mod tests {
             Outcome::Published(3)
         );
         assert_eq!(device_names(&p.desired(3)), ["gpu-0", "gpu-1"]);
+    }
+
+    /// The same after a plugin restart: the new plugin reads the shares it published from the
+    /// live slices and keeps those claims hold.
+    #[tokio::test]
+    async fn a_restarted_plugin_keeps_the_held_shares_the_live_slices_show() {
+        let (before, _writes, _health, offers) = publisher_with(true, ApiSharing::Keeps);
+        offers.send_replace(quarters());
+        let live = before.desired(4);
+        let (mut p, _writes, _health, _offers) = publisher_with(true, ApiSharing::Keeps);
+        let (_held, held_rx) = watch::channel(["gpu-0-shared-a100".to_owned()].into());
+        p = p.with_held(held_rx);
+        assert_eq!(
+            p.reconcile(&seen(live)).await.unwrap(),
+            Outcome::Published(5)
+        );
+        assert_eq!(
+            device_names(&p.desired(5)),
+            ["gpu-0", "gpu-0-shared-a100", "gpu-1"]
+        );
     }
 
     #[tokio::test]

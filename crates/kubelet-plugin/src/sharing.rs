@@ -80,6 +80,34 @@ pub fn keep_held(
     offered
 }
 
+/// The share a published slice device is (the inverse of [`crate::slices::share_device`]), so a
+/// restarted plugin knows the shares it published before; `None` for any other device.
+pub fn published_share(device: &k8s_openapi::api::resource::v1::Device) -> Option<Share> {
+    let attributes = device.attributes.as_ref()?;
+    let text = |name: &str| attributes.get(name).and_then(|a| a.string.as_deref());
+    if text("type")? != "shared" {
+        return None;
+    }
+    let (gpu, class) = crate::devices::shared_parts(&device.name)?;
+    let strategy = match text("sharing")? {
+        "TimeSlicing" => SharingStrategy::TimeSlicing,
+        "MPS" => SharingStrategy::Mps,
+        _ => return None,
+    };
+    let memory = device.capacity.as_ref()?.get("memory")?;
+    let bytes = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        api::gpuclass::variants::quantity_bytes(&q.0).and_then(|b| u64::try_from(b).ok())
+    };
+    Some(Share {
+        name: device.name.clone(),
+        gpu: gpu.to_owned(),
+        class: class.to_owned(),
+        card_bytes: bytes(&memory.value)?,
+        share_bytes: bytes(memory.request_policy.as_ref()?.default.as_ref()?)?,
+        strategy,
+    })
+}
+
 /// The shared offers of `classes`, by class name; classes being deleted keep theirs until they
 /// are gone (claims may still hold shares, and the counters must keep counting them). A class
 /// the operator would refuse offers nothing.
