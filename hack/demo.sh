@@ -109,7 +109,7 @@ fi
 step "What a user looks at"
 show "get gpucluster" "the GPUCluster reports ready once every operand is ready"
 show "get pods -n $NS -o wide" "our operands as pods on the real nodes; the kubelet-plugin pod shows 2/2 with ComputeDomains on (their container is a stand-in here)"
-show "get deviceclass" "the five NVIDIA DeviceClasses claims refer to"
+show "get deviceclass" "the five NVIDIA DeviceClasses claims refer to, and the one of the operands' own claims"
 show "get resourceslices" "each GPU node publishes its GPUs"
 show "get pod gpu-workload -o wide" "the guide's pod ran on a real node and finished (its claim was released with it)"
 show "logs gpu-workload" "nvidia-smi -L inside the container: exactly the GPU the claim got, injected by containerd through CDI"
