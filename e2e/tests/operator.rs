@@ -234,7 +234,7 @@ async fn every_default_operand(apis: &Apis) -> anyhow::Result<()> {
     let all_there = eventually(Duration::from_secs(60), "every default operand", || async {
         let ds = names(&apis.daemonsets).await?;
         let classes = names(&apis.classes).await?;
-        Ok((ds.len() == 5 && classes.len() == 5).then_some((ds, classes)))
+        Ok((ds.len() == 5 && classes.len() == 6).then_some((ds, classes)))
     })
     .await?;
     assert_eq!(
@@ -378,7 +378,7 @@ async fn spec_edits_add_and_prune(apis: &Apis) -> anyhow::Result<()> {
                     o::KUBELET_PLUGIN_DAEMONSET,
                     o::VALIDATOR_DAEMONSET,
                 ] && names(&apis.deployments).await?.is_empty()
-                    && names(&apis.classes).await?.len() == 3
+                    && names(&apis.classes).await?.len() == 4
                     && names(&apis.templates).await?
                         == [o::DCGM_CLAIM_TEMPLATE, o::VALIDATOR_CLAIM_TEMPLATE]
                     && names(&apis.services).await? == [o::DCGM_DAEMONSET]
@@ -390,7 +390,7 @@ async fn spec_edits_add_and_prune(apis: &Apis) -> anyhow::Result<()> {
     set_spec(&apis.gcs, json!({})).await?;
     eventually(Duration::from_secs(30), "defaults back", || async {
         Ok(
-            (names(&apis.daemonsets).await?.len() == 5 && names(&apis.classes).await?.len() == 5)
+            (names(&apis.daemonsets).await?.len() == 5 && names(&apis.classes).await?.len() == 6)
                 .then_some(()),
         )
     })
