@@ -212,31 +212,35 @@ impl<C: ClaimSource> Driver<C> {
 
     /// Sets the prepared-device gauges and the held devices from the checkpoint.
     fn report_prepared(&self) {
-        if let Some(held) = &self.held {
-            let (devices, _) = self.ledger.read(|cp| {
-                cp.claims
-                    .values()
-                    .flat_map(|e| e.devices.iter().map(|d| d.device.clone()))
-                    .collect()
-            });
-            held.send_if_modified(|old| {
-                let changed = *old != devices;
-                *old = devices;
+        if self.held.is_none() && self.metrics.is_none() {
+            return;
+        }
+        // One read of the checkpoint: every claim's devices, and those of completed claims.
+        let ((all, held, completed), _) = self.ledger.read(|cp| {
+            let mut all = 0;
+            let mut held = std::collections::BTreeSet::new();
+            let mut completed = Vec::new();
+            for entry in cp.claims.values() {
+                all += entry.devices.len();
+                for device in &entry.devices {
+                    held.insert(device.device.clone());
+                    if entry.state == ClaimState::PrepareCompleted {
+                        completed.push(device.device.clone());
+                    }
+                }
+            }
+            (all, held, completed)
+        });
+        if let Some(m) = &self.metrics {
+            m.set_prepared_devices(all, completed.iter().map(String::as_str));
+        }
+        if let Some(tx) = &self.held {
+            tx.send_if_modified(|old| {
+                let changed = *old != held;
+                *old = held;
                 changed
             });
         }
-        let Some(m) = &self.metrics else { return };
-        let ((all, completed), _) = self.ledger.read(|cp| {
-            let all = cp.claims.values().map(|e| e.devices.len()).sum::<usize>();
-            let completed: Vec<String> = cp
-                .claims
-                .values()
-                .filter(|e| e.state == ClaimState::PrepareCompleted)
-                .flat_map(|e| e.devices.iter().map(|d| d.device.clone()))
-                .collect();
-            (all, completed)
-        });
-        m.set_prepared_devices(all, completed.iter().map(String::as_str));
     }
 
     /// The node's devices.

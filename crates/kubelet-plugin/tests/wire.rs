@@ -237,23 +237,8 @@ async fn the_health_stream_reports_every_device_and_each_change() {
     let lost = table.devices["gpu-1"].gpu.gpu_uuid.clone();
     let (view_tx, view) = tokio::sync::watch::channel(HealthView::default());
 
-    let dir = tempfile::tempdir().unwrap();
-    let paths = SocketPaths::new(
-        &dir.path().join("plugins_registry"),
-        &dir.path().join("plugins"),
-    );
-    let sockets = Sockets::bind(&paths)
-        .unwrap()
-        .with_health(HealthStream::new(table, "node-a", view));
-    let registration = RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy())
-        .with_resource_health();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server =
-        tokio::spawn(
-            sockets.serve(registration, DraService::new(Arc::new(Echo)), async move {
-                let _ = stopped.await;
-            }),
-        );
+    let served = serve_health(HealthStream::new(table, "node-a", view));
+    let paths = &served.paths;
 
     let mut reg = RegistrationClient::new(connect_unix(&paths.registration).await.unwrap());
     let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
@@ -329,8 +314,7 @@ async fn the_health_stream_reports_every_device_and_each_change() {
         (8, vec!["gpu-1".to_owned()])
     );
 
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }
 
 /// Pods holding a share of a GPU see its health: the shares a GPU class offers join the stream
@@ -356,23 +340,8 @@ async fn the_health_stream_lists_the_shares_a_class_offers() {
         unknown: false,
     });
     let (offers_tx, offers) = tokio::sync::watch::channel(Vec::new());
-    let dir = tempfile::tempdir().unwrap();
-    let paths = SocketPaths::new(
-        &dir.path().join("plugins_registry"),
-        &dir.path().join("plugins"),
-    );
-    let sockets = Sockets::bind(&paths)
-        .unwrap()
-        .with_health(HealthStream::new(table, "node-a", view).with_shares(offers));
-    let registration = RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy())
-        .with_resource_health();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server =
-        tokio::spawn(
-            sockets.serve(registration, DraService::new(Arc::new(Echo)), async move {
-                let _ = stopped.await;
-            }),
-        );
+    let served = serve_health(HealthStream::new(table, "node-a", view).with_shares(offers));
+    let paths = &served.paths;
 
     let mut client = DraResourceHealthClient::new(connect_unix(&paths.dra).await.unwrap());
     let mut stream = client
@@ -409,6 +378,46 @@ async fn the_health_stream_lists_the_shares_a_class_offers() {
     assert_eq!(health("gpu-3-shared-a100s"), Some(HealthStatus::Unhealthy));
     assert_eq!(health("gpu-2-shared-a100s"), Some(HealthStatus::Healthy));
 
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop().await;
+}
+
+/// Sockets in a fresh folder serving the registration (the health stream advertised), the DRA
+/// service (answered by [`Echo`]) and `health`.
+struct Served {
+    _dir: tempfile::TempDir,
+    paths: SocketPaths,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), kubelet_plugin::server::ServeError>>,
+}
+
+fn serve_health(health: kubelet_plugin::device_health::HealthStream) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = SocketPaths::new(
+        &dir.path().join("plugins_registry"),
+        &dir.path().join("plugins"),
+    );
+    let sockets = Sockets::bind(&paths).unwrap().with_health(health);
+    let registration = RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy())
+        .with_resource_health();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server =
+        tokio::spawn(
+            sockets.serve(registration, DraService::new(Arc::new(Echo)), async move {
+                let _ = stopped.await;
+            }),
+        );
+    Served {
+        _dir: dir,
+        paths,
+        stop,
+        server,
+    }
+}
+
+impl Served {
+    /// Stops the server and waits for it to remove its sockets.
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.server.await.unwrap().unwrap();
+    }
 }
