@@ -51,7 +51,7 @@ async fn gpu_classes_on_the_local_cluster() -> anyhow::Result<()> {
     )
     .await?;
 
-    let nodes = [
+    let mut nodes = [
         DraNode::start(&env, WHOLE_NODE, "a100-sxm4-40gb", 2)?,
         DraNode::start(&env, MIG_NODE, "a100-sxm4-40gb-mig-mixed", 1)?,
     ];
@@ -70,9 +70,54 @@ async fn gpu_classes_on_the_local_cluster() -> anyhow::Result<()> {
         nodes[0].plugin.log_path.as_path(),
         nodes[1].plugin.log_path.as_path(),
     ];
-    let result = scenario(&env, &client, &classes, &operator, &logs).await;
+    let mut result = scenario(&env, &client, &classes, &operator, &logs).await;
+    if result.is_ok() {
+        let log = nodes[1].plugin.log_path.clone();
+        result = step(
+            "a stopped plugin leaves its node's PhysicalGPUs NotServed, not Ready",
+            &[log.as_path()],
+            stopped_plugin_unserves_its_gpus(client.clone(), &mut nodes[1]),
+        )
+        .await;
+    }
     cleanup(&client, &classes, nodes).await;
     result
+}
+
+/// The plugin stops as the kubelet stops a pod (SIGTERM): before it exits, every PhysicalGPU of
+/// its node says nothing serves it, so `kubectl get physicalgpu` never shows a card Ready that no
+/// plugin offers.
+async fn stopped_plugin_unserves_its_gpus(
+    client: kube::Client,
+    node: &mut DraNode,
+) -> anyhow::Result<()> {
+    node.plugin.terminate()?;
+    let gpus: Api<PhysicalGPU> = Api::all(client);
+    let on_node = ListParams::default().labels(&format!("{NODE_LABEL}={}", node.name));
+    // The plugin wrote them on its way out: no wait beyond reading them.
+    let listed = gpus.list(&on_node).await?.items;
+    let rows: Vec<(String, String)> = listed
+        .iter()
+        .map(|gpu| {
+            let status = gpu.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| format!("{}/{}", c.status, c.reason))
+                .unwrap_or_default();
+            (status.phase, ready)
+        })
+        .collect();
+    ensure!(
+        !rows.is_empty()
+            && rows
+                .iter()
+                .all(|(phase, ready)| phase == "NotReady" && ready == "False/NotServed"),
+        "PhysicalGPUs of {} after its plugin stopped (phase, Ready): {rows:?}",
+        node.name
+    );
+    Ok(())
 }
 
 async fn scenario(

@@ -75,16 +75,21 @@ fn workload() -> (Deployment, PodDisruptionBudget) {
     (deployment, pdb)
 }
 
-/// Plays the kubelet of the test's nodes for the test's namespace: marks its pods prepared so KWOK
-/// runs them, but leaves the validator pods of `broken` planes pending. (The operator's own pods,
-/// in another namespace, stay pending: this test is about the labeler and the status.)
-async fn kubelet(client: kube::Client, broken_dra: Arc<AtomicBool>, broken_dp: Arc<AtomicBool>) {
+/// Plays the kubelet of `on` (the test's nodes) for the test's namespace: marks its pods prepared
+/// so KWOK runs them, but leaves the validator pods of `broken` planes pending. (The operator's own
+/// pods, in another namespace, stay pending: this test is about the labeler and the status.)
+async fn kubelet(
+    client: kube::Client,
+    on: &'static [&'static str],
+    broken_dra: Arc<AtomicBool>,
+    broken_dp: Arc<AtomicBool>,
+) {
     let pods: Api<Pod> = Api::namespaced(client, NS);
     loop {
         if let Ok(list) = pods.list(&ListParams::default()).await {
             for pod in list.items {
                 let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-                if !node.is_some_and(|n| NODES.contains(&n.as_str()))
+                if !node.is_some_and(|n| on.contains(&n.as_str()))
                     || pod.annotations().contains_key(PREPARED)
                 {
                     continue;
@@ -198,8 +203,248 @@ async fn settled_on(nodes: &Api<Node>, name: &str, mode: &str) -> anyhow::Result
     Ok(done.then_some(node))
 }
 
+/// Waits until each of `names` is settled on `mode` (see [`settled_on`]), naming the node and
+/// showing the labeler's log when one is not within a minute.
+async fn all_settled_on(
+    nodes: &Api<Node>,
+    names: &[&str],
+    mode: &str,
+    labeler: &e2e::Process,
+) -> anyhow::Result<()> {
+    for name in names {
+        eventually(
+            Duration::from_secs(60),
+            &format!("{name} ready on the {mode} plane"),
+            || settled_on(nodes, name, mode),
+        )
+        .await
+        .with_context(|| labeler.log_tail())?;
+    }
+    Ok(())
+}
+
 fn has_event(seen: &[(String, String)], reason: &str, text: &str) -> bool {
     seen.iter().any(|(r, m)| r == reason && m.contains(text))
+}
+
+/// A device-plugin node whose one GPU pod a PodDisruptionBudget never lets go.
+const STUCK: &str = "drain-stuck";
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make test-e2e runs it"]
+async fn a_drain_blocked_past_the_deadline_gives_up_naming_the_pods() -> anyhow::Result<()> {
+    let env = Env::from_env()?;
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    fresh_namespace(&client, NS).await?;
+    fresh_namespace(&client, OPERATOR_NS).await?;
+    let gcs: Api<GPUCluster> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let events: Api<Event> = Api::all(client.clone());
+    delete_nodes(&client, &[STUCK]).await?;
+    let policy = |mode: &str| {
+        json!({
+            "planePolicy": {"rules": [{"name": "stuck", "mode": mode,
+                                       "nodeSelector": {"matchLabels": {"e2e": "migration"}}}]},
+            "migration": {"maxUnavailable": 1, "progressDeadlineSeconds": 8, "drain": "evict"},
+        })
+    };
+    set_spec(&gcs, policy("device-plugin")).await?;
+    let validator = validator(
+        o::OPERATOR_VALIDATOR_DAEMONSET,
+        l::DEPLOY_OPERATOR_VALIDATOR,
+    );
+    let pp = PatchParams::apply("e2e-migration").force();
+    Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .patch(&validator.name_any(), &pp, &Patch::Apply(&validator))
+        .await?;
+    let never = Arc::new(AtomicBool::new(false));
+    let kubelet_task = tokio::spawn(kubelet(client.clone(), &[STUCK], never.clone(), never));
+    let labeler = env.spawn(
+        "node-labeler",
+        "node-labeler-stuck",
+        &[
+            ("HTTP_ENDPOINT", LABELER_METRICS),
+            ("POD_NAMESPACE", NS),
+            ("POD_NAME", "labeler-stuck"),
+            ("DEFAULT_GPU_ALLOCATION_MODE", "device-plugin"),
+        ],
+    )?;
+    let operator = env.spawn(
+        "gpu-operator",
+        "gpu-operator-stuck",
+        &[
+            ("OPERATOR_NAMESPACE", OPERATOR_NS),
+            ("HTTP_ENDPOINT", OPERATOR_METRICS),
+            ("POD_NAME", "operator-stuck"),
+        ],
+    )?;
+    nodes
+        .create(
+            &PostParams::default(),
+            &kwok_gpu_node(STUCK, "migration", 1),
+        )
+        .await?;
+    let result = async {
+        all_settled_on(&nodes, &[STUCK], "device-plugin", &labeler).await?;
+        // A pod holding the GPU, which its PodDisruptionBudget never lets be evicted.
+        let held: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "held", "namespace": NS, "labels": {"app": "held"}},
+            "spec": {"nodeName": STUCK, "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "app", "image": "app",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        }))?;
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": "held", "namespace": NS},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "held"}}}
+        }))?;
+        Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+            .patch("held", &pp, &Patch::Apply(&pdb))
+            .await?;
+        pods.create(&PostParams::default(), &held).await?;
+        eventually(Duration::from_secs(60), "the held pod running", || async {
+            let pod = pods.get("held").await?;
+            Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
+        })
+        .await?;
+
+        // To DRA: the drain never ends, so past the deadline the node gives up, uncordoned, on
+        // the device-plugin plane, and both the Event and the GPUCluster name the pod.
+        set_spec(&gcs, policy("dra")).await?;
+        let record = eventually(
+            Duration::from_secs(60),
+            "the drain given up: rolled back, uncordoned, still on the device-plugin plane",
+            || async {
+                let node = nodes.get(STUCK).await?;
+                let record = node
+                    .annotations()
+                    .get(l::HANDOVER)
+                    .and_then(|v| Handover::parse(v))
+                    .filter(|h| h.phase == Phase::RolledBack);
+                let stayed = node.labels().get(l::GPU_STACK).map(String::as_str)
+                    == Some("device-plugin")
+                    && node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true);
+                Ok(record.filter(|_| stayed))
+            },
+        )
+        .await
+        .with_context(|| labeler.log_tail())?;
+        let reason = record.rollback.map(|r| r.reason).unwrap_or_default();
+        let pod = format!("{NS}/held");
+        anyhow::ensure!(
+            reason.contains("still held device-plugin GPUs after 8s of draining")
+                && reason.contains(&pod),
+            "{reason}"
+        );
+        let seen = e2e::events_on(&events, STUCK).await?;
+        anyhow::ensure!(
+            has_event(&seen, "HandoverDrainTimedOut", &pod),
+            "no HandoverDrainTimedOut naming {pod}: {seen:?}"
+        );
+        anyhow::ensure!(
+            pods.get("held")
+                .await?
+                .metadata
+                .deletion_timestamp
+                .is_none(),
+            "the held pod was not evicted"
+        );
+        eventually(
+            Duration::from_secs(30),
+            "MigrationPaused naming the pod",
+            || async {
+                let status = gcs.get("gpu-cluster").await?.status.unwrap_or_default();
+                Ok(status
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "MigrationPaused" && c.status == "True")
+                    .filter(|c| c.message.contains(&pod)))
+            },
+        )
+        .await
+        .with_context(|| operator.log_tail())?;
+        anyhow::Ok(())
+    }
+    .await;
+    kubelet_task.abort();
+    let _ = pods.delete("held", &DeleteParams::default()).await;
+    gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
+    eventually(Duration::from_secs(60), "the GPUCluster gone", || async {
+        Ok(gcs.get_opt("gpu-cluster").await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| operator.log_tail())?;
+    delete_nodes(&client, &[STUCK]).await?;
+    result
+}
+
+/// Device-plugin nodes that offer their GPUs as MIG devices or as renamed time-slicing replicas.
+const OFFERING: [&str; 2] = ["offers-mig", "offers-shared"];
+
+#[tokio::test]
+#[ignore = "needs the local cluster: make test-e2e runs it"]
+async fn device_plugin_nodes_offering_mig_devices_or_shared_replicas_become_ready()
+-> anyhow::Result<()> {
+    let env = Env::from_env()?;
+    let client = env.client().await?;
+    install_crd(&client).await?;
+    fresh_namespace(&client, NS).await?;
+    let gcs: Api<GPUCluster> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    delete_nodes(&client, &OFFERING).await?;
+    set_spec(
+        &gcs,
+        json!({"planePolicy": {"rules": [{"name": "offers", "mode": "device-plugin",
+                "nodeSelector": {"matchLabels": {"e2e": "migration"}}}]}}),
+    )
+    .await?;
+    let validator = validator(
+        o::OPERATOR_VALIDATOR_DAEMONSET,
+        l::DEPLOY_OPERATOR_VALIDATOR,
+    );
+    Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .patch(
+            &validator.name_any(),
+            &PatchParams::apply("e2e-migration").force(),
+            &Patch::Apply(&validator),
+        )
+        .await?;
+    let never = Arc::new(AtomicBool::new(false));
+    let kubelet_task = tokio::spawn(kubelet(client.clone(), &OFFERING, never.clone(), never));
+    let labeler = env.spawn(
+        "node-labeler",
+        "node-labeler-offers",
+        &[
+            ("HTTP_ENDPOINT", LABELER_METRICS),
+            ("POD_NAMESPACE", NS),
+            ("POD_NAME", "labeler-offers"),
+            ("DEFAULT_GPU_ALLOCATION_MODE", "device-plugin"),
+        ],
+    )?;
+    // One GPU each, as GPU feature discovery counts it: seven 1g.10gb MIG devices under the
+    // `mixed` strategy (no nvidia.com/gpu at all), or two replicas of time-slicing renamed by
+    // default to nvidia.com/gpu.shared.
+    for (name, resource, count) in [
+        (OFFERING[0], "nvidia.com/mig-1g.10gb", "7"),
+        (OFFERING[1], "nvidia.com/gpu.shared", "2"),
+    ] {
+        let mut node = kwok_gpu_node(name, "migration", 0);
+        node.labels_mut().insert(l::GPU_COUNT.into(), "1".into());
+        let status = node.status.as_mut().expect("a status");
+        for list in [&mut status.allocatable, &mut status.capacity] {
+            list.get_or_insert_default().insert(
+                resource.into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(count.into()),
+            );
+        }
+        nodes.create(&PostParams::default(), &node).await?;
+    }
+    let result = all_settled_on(&nodes, &OFFERING, "device-plugin", &labeler).await;
+    kubelet_task.abort();
+    delete_nodes(&client, &OFFERING).await?;
+    gcs.delete("gpu-cluster", &DeleteParams::default()).await?;
+    result
 }
 
 #[tokio::test]
@@ -245,6 +490,7 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
     );
     let kubelet_task = tokio::spawn(kubelet(
         client.clone(),
+        &NODES,
         broken_dra.clone(),
         broken_dp.clone(),
     ));
@@ -287,15 +533,7 @@ async fn nodes_move_one_at_a_time_and_a_failed_plane_is_rolled_back() -> anyhow:
         slices.create(&PostParams::default(), &slice).await?;
     }
     // Both nodes settle on the device-plugin plane; the readiness labels come with its validator.
-    for name in NODES {
-        eventually(
-            Duration::from_secs(60),
-            &format!("{name} ready on the device-plugin plane"),
-            || settled_on(&nodes, name, "device-plugin"),
-        )
-        .await
-        .with_context(|| labeler.log_tail())?;
-    }
+    all_settled_on(&nodes, &NODES, "device-plugin", &labeler).await?;
     let (deployment, pdb) = workload();
     let pp = PatchParams::apply("e2e-migration").force();
     Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)

@@ -35,8 +35,13 @@ use crate::plan::{self, Cluster, GpuClaims, Hold, NodeFacts, Plan, ReadyPlanes, 
 pub const FIELD_MANAGER: &str = "gpu-operator-node-labeler";
 /// How often a node whose `dra-driver` removal is deferred is looked at again.
 pub const DEFERRED_RECHECK: Duration = Duration::from_secs(30);
-/// How often a node in a hand-over is looked at again (drain progress, the deadline).
+/// How often a node queued for a hand-over, or waiting for its plane to offer every GPU before
+/// its first readiness labels, is looked at again.
 pub const HANDOVER_RECHECK: Duration = Duration::from_secs(5);
+/// How often a node between planes is looked at again: the drain's progress, what the new plane
+/// offers, the deadline. Only nodes in a hand-over (at most `maxUnavailable`) are polled this
+/// often, so each step starts about a second after the one before it could finish.
+pub const HANDOVER_STEP_RECHECK: Duration = Duration::from_secs(1);
 
 /// Labeler settings from its command line.
 #[derive(Clone, Copy, Debug)]
@@ -175,6 +180,9 @@ type RulesOf = (Option<String>, Option<i64>);
 
 struct Context {
     client: kube::Client,
+    /// The same API without the client's own retries, for evictions (see
+    /// [`service::kube_client_without_retries`]).
+    evictions: kube::Client,
     settings: Settings,
     gpu_clusters: Store<GPUCluster>,
     nodes: Store<PartialObjectMeta<Node>>,
@@ -446,7 +454,8 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     }
 
     let pp = patch_params();
-    let record = carry_out(&ctx, &name, &step, state.as_ref(), &holding, record).await?;
+    let (record, evictions_blocked) =
+        carry_out(&ctx, &name, &step, state.as_ref(), &holding, record).await?;
     let cordon_after_write =
         matches!((&step, &record), (Step::Start { .. }, Some(Some(h))) if h.cordoned);
     if let Some(value) = record {
@@ -480,21 +489,23 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
             tracing::warn!(node = %name, error = %e, "publishing an event failed");
         }
     }
-    if plan.is_deferred() {
+    let deferred = plan.is_deferred();
+    if deferred {
         ctx.metrics.deferred.inc();
     }
     if plan.has_changes() {
-        let nodes: Api<Node> = Api::all(ctx.client.clone());
-        let body = patch_body(&plan, node.resource_version().as_deref());
-        nodes
-            .patch_metadata(&name, &pp, &Patch::Merge(&body))
-            .await
-            .map_err(|source| Error::Patch {
-                node: name.clone(),
-                source,
-            })?;
-        ctx.metrics.writes.inc();
-        tracing::info!(node = %name, labels = ?plan.labels, annotations = ?plan.annotations, "node updated");
+        let handover_value = plan.annotations.get(l::HANDOVER).cloned();
+        let replan = |labels: &BTreeMap<String, String>,
+                      annotations: &BTreeMap<String, String>,
+                      facts: NodeFacts| {
+            let mut plan = plan::plan_node(labels, annotations, &cluster, facts);
+            if let Some(value) = &handover_value {
+                plan.annotations
+                    .insert(l::HANDOVER.to_owned(), value.clone());
+            }
+            plan
+        };
+        write_plan(&ctx.client, &ctx.metrics, &node, plan, facts, replan).await?;
     }
     if cordon_after_write {
         node_ops::cordon(&ctx.client, &name, &pp)
@@ -502,18 +513,99 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
             .map_err(cordon_err("cordoning", &name))?;
     }
     account(&ctx, &name, &step, state.as_ref(), started).await;
-    Ok(match step {
+    Ok(recheck(&step, evictions_blocked, offers_pending, deferred)
+        .map_or_else(Action::await_change, Action::requeue))
+}
+
+/// When to look at a node again without a change event (`None`: only on one), after `step`.
+fn recheck(
+    step: &Step,
+    evictions_blocked: bool,
+    offers_pending: bool,
+    deferred: bool,
+) -> Option<Duration> {
+    match step {
         Step::Idle | Step::Release | Step::Complete { .. } | Step::Cancel { .. } => {
             if offers_pending {
-                Action::requeue(HANDOVER_RECHECK)
-            } else if plan.is_deferred() {
-                Action::requeue(DEFERRED_RECHECK)
+                Some(HANDOVER_RECHECK)
+            } else if deferred {
+                Some(DEFERRED_RECHECK)
             } else {
-                Action::await_change()
+                None
             }
         }
-        _ => Action::requeue(HANDOVER_RECHECK),
-    })
+        // Waiting for a slot, for pods that leave on their own, or for a PodDisruptionBudget
+        // (asked again as `kubectl drain` does): no need to look every second.
+        Step::Queued => Some(HANDOVER_RECHECK),
+        Step::Drain { evict } if !evict || evictions_blocked => Some(HANDOVER_RECHECK),
+        // Evicted pods terminating, the new plane coming up, the deadline: each step starts
+        // about a second after the one before it could.
+        _ => Some(HANDOVER_STEP_RECHECK),
+    }
+}
+
+/// How many times a write that conflicted is planned again from a fresh read before the node is
+/// left to the controller's requeue.
+const CONFLICT_RETRIES: usize = 3;
+
+/// Writes `plan`, guarded by the resourceVersion of the copy it was made from. On a conflict
+/// (another writer changed the node since that copy) the node is read afresh and planned again
+/// with `replan` from the same facts, at once and at most [`CONFLICT_RETRIES`] times, instead of
+/// waiting for the watch to bring the newer copy. A fresh read whose hand-over record differs from
+/// the one this round decided on ends the retries: the next round decides again.
+async fn write_plan(
+    client: &kube::Client,
+    metrics: &Metrics,
+    node: &PartialObjectMeta<Node>,
+    plan: Plan,
+    mut facts: NodeFacts,
+    replan: impl Fn(&BTreeMap<String, String>, &BTreeMap<String, String>, NodeFacts) -> Plan,
+) -> Result<(), Error> {
+    let name = node.name_any();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pp = patch_params();
+    let record = node.annotations().get(l::HANDOVER).cloned();
+    let (mut plan, mut version) = (plan, node.resource_version());
+    let mut attempt = 0;
+    loop {
+        let body = patch_body(&plan, version.as_deref());
+        let source = match nodes.patch_metadata(&name, &pp, &Patch::Merge(&body)).await {
+            Ok(_) => {
+                metrics.writes.inc();
+                tracing::info!(node = %name, labels = ?plan.labels, annotations = ?plan.annotations, "node updated");
+                return Ok(());
+            }
+            Err(source) => source,
+        };
+        let conflict = matches!(&source, kube::Error::Api(status) if status.code == 409);
+        if !conflict || attempt == CONFLICT_RETRIES {
+            return Err(Error::Patch { node: name, source });
+        }
+        Metrics::count(&metrics.errors, "error", "conflict");
+        let fresh = nodes
+            .get_metadata(&name)
+            .await
+            .map_err(|source| Error::Patch {
+                node: name.clone(),
+                source,
+            })?;
+        if fresh.annotations().get(l::HANDOVER) != record.as_ref() {
+            return Err(Error::Patch { node: name, source });
+        }
+        tracing::debug!(node = %name, attempt, "node changed while planning; planning again from a fresh read");
+        plan = replan(fresh.labels(), fresh.annotations(), facts);
+        if let Some(plane) = plan.needs_claim_lookup
+            && facts.claims == GpuClaims::Unknown
+        {
+            facts.claims = claims::on_node(client, &name, plane).await;
+            plan = replan(fresh.labels(), fresh.annotations(), facts);
+        }
+        if !plan.has_changes() {
+            return Ok(());
+        }
+        version = fresh.resource_version();
+        attempt += 1;
+    }
 }
 
 /// Counts the step, keeps the held-on-DRA gauge, and books or frees the node's hand-over slot
@@ -613,7 +705,8 @@ fn cordon_err(what: &'static str, node: &str) -> impl FnOnce(kube::Error) -> Err
 }
 
 /// Does what a hand-over step asks of the node and its pods (cordon, evictions, uncordon);
-/// returns the hand-over record to write, `record` unless the step starts a hand-over.
+/// returns the hand-over record to write (`record` unless the step starts a hand-over) and
+/// whether a PodDisruptionBudget refused an eviction.
 async fn carry_out(
     ctx: &Context,
     name: &str,
@@ -621,9 +714,10 @@ async fn carry_out(
     state: Option<&Handover>,
     holding: &[Pod],
     record: Option<Option<Handover>>,
-) -> Result<Option<Option<Handover>>, Error> {
+) -> Result<(Option<Option<Handover>>, bool), Error> {
     let pp = patch_params();
     let mut record = record;
+    let mut blocked = false;
     match step {
         Step::Start { from, to } => {
             // Recorded first, cordoned after: a cordon whose record failed to land would read
@@ -657,13 +751,12 @@ async fn carry_out(
                 .iter()
                 .filter(|p| *evict && !claims::is_daemonset_pod(p))
             {
-                let result =
-                    node_ops::evict(&ctx.client, pod)
-                        .await
-                        .map_err(|source| Error::Drain {
-                            node: name.to_owned(),
-                            source,
-                        })?;
+                let result = node_ops::evict(&ctx.evictions, pod)
+                    .await
+                    .map_err(|source| Error::Drain {
+                        node: name.to_owned(),
+                        source,
+                    })?;
                 let pod_name =
                     format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
                 match &result {
@@ -672,6 +765,7 @@ async fn carry_out(
                         Metrics::count(&ctx.metrics.evictions, "result", "evicted");
                     }
                     Eviction::Blocked(why) => {
+                        blocked = true;
                         tracing::info!(node = %name, pod = %pod_name, why, "eviction blocked");
                         Metrics::count(&ctx.metrics.evictions, "result", "blocked");
                     }
@@ -688,7 +782,7 @@ async fn carry_out(
         }
         _ => {}
     }
-    Ok(record)
+    Ok((record, blocked))
 }
 
 /// What the hand-over annotation becomes: `Some(Some(h))` sets it, `Some(None)` removes it,
@@ -727,8 +821,9 @@ fn error_policy(node: Arc<PartialObjectMeta<Node>>, error: &Error, ctx: Arc<Cont
     } = error
         && status.code == 409
     {
-        // The cache had not seen our last write yet: plan again from the newer node.
-        tracing::debug!(node = %node.name_any(), "node changed while planning; planning again");
+        // Still conflicting after the fresh reads (or the hand-over record changed): plan again
+        // from the watch's newer copy.
+        tracing::debug!(node = %node.name_any(), "node kept changing while planning; planning again");
         Metrics::count(&ctx.metrics.errors, "error", "conflict");
         return Action::requeue(Duration::from_millis(500));
     }
@@ -740,6 +835,7 @@ fn error_policy(node: Arc<PartialObjectMeta<Node>>, error: &Error, ctx: Arc<Cont
 /// Runs the labeler until `shutdown` resolves.
 pub async fn run(
     client: kube::Client,
+    evictions: kube::Client,
     settings: Settings,
     metrics: Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -821,6 +917,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
+        evictions,
         settings,
         gpu_clusters: gc_reader,
         nodes: node_reader.clone(),
@@ -903,6 +1000,58 @@ mod tests {
     }
 
     #[test]
+    fn a_node_between_planes_is_looked_at_every_second_and_a_waiting_one_every_five() {
+        let record = Handover {
+            from: AllocationMode::DevicePlugin,
+            to: AllocationMode::Dra,
+            phase: Phase::WaitingForPlane,
+            since: 0,
+            cordoned: true,
+            rollback: None,
+        };
+        let evicting = Step::Drain { evict: true };
+        assert_eq!(
+            recheck(&evicting, false, false, false),
+            Some(HANDOVER_STEP_RECHECK)
+        );
+        assert_eq!(
+            recheck(&Step::Switch(record), false, false, false),
+            Some(HANDOVER_STEP_RECHECK)
+        );
+        let start = Step::Start {
+            from: AllocationMode::DevicePlugin,
+            to: AllocationMode::Dra,
+        };
+        assert_eq!(
+            recheck(&start, false, false, false),
+            Some(HANDOVER_STEP_RECHECK)
+        );
+        // A PodDisruptionBudget said no, pods leave on their own, or no slot is free.
+        assert_eq!(
+            recheck(&evicting, true, false, false),
+            Some(HANDOVER_RECHECK)
+        );
+        assert_eq!(
+            recheck(&Step::Drain { evict: false }, false, false, false),
+            Some(HANDOVER_RECHECK)
+        );
+        assert_eq!(
+            recheck(&Step::Queued, false, false, false),
+            Some(HANDOVER_RECHECK)
+        );
+        // Settled nodes wait for a change, unless their offers or a deferral need a look.
+        assert_eq!(recheck(&Step::Idle, false, false, false), None);
+        assert_eq!(
+            recheck(&Step::Idle, false, true, false),
+            Some(HANDOVER_RECHECK)
+        );
+        assert_eq!(
+            recheck(&Step::Idle, false, false, true),
+            Some(DEFERRED_RECHECK)
+        );
+    }
+
+    #[test]
     fn patch_sets_and_removes_only_planned_keys_guarded_by_resource_version() {
         let plan = Plan {
             labels: BTreeMap::from([
@@ -914,6 +1063,131 @@ mod tests {
         assert_eq!(
             patch_body(&plan, Some("42")),
             json!({"metadata": {"resourceVersion": "42", "labels": {"a": "true", "b": null}}})
+        );
+    }
+
+    /// The requests a fake API saw (method, resourceVersion or `-` for a read), and its node.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+    /// An API whose node `n` answers every PATCH with `conflicts` 409s before it takes one, and
+    /// every GET with `fresh` (resourceVersion 43).
+    fn conflicting_api(conflicts: usize, fresh: Value) -> (kube::Client, Seen) {
+        use http::{Method, StatusCode};
+        use service::fake_api::{client, failure, reply};
+        let seen = Seen::default();
+        let log = seen.clone();
+        let client = client("default", move |method, path, body| {
+            assert_eq!(path, "/api/v1/nodes/n");
+            let mut log = log.lock().unwrap();
+            if method == Method::GET {
+                log.push("GET".into());
+                return reply(StatusCode::OK, &fresh);
+            }
+            let body: Value = serde_json::from_slice(body).unwrap();
+            log.push(format!("PATCH {}", body["metadata"]));
+            let patches = log.iter().filter(|r| r.starts_with("PATCH")).count();
+            if patches <= conflicts {
+                return failure(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    "the object has been modified",
+                );
+            }
+            reply(StatusCode::OK, &fresh)
+        });
+        (client, seen)
+    }
+
+    fn meta(version: &str, labels: Value, annotations: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n",
+               "resourceVersion": version, "labels": labels, "annotations": annotations}})
+    }
+
+    /// Plans `want=yes` unless the node has it, as the planner plans only what differs.
+    fn replan(
+        labels: &BTreeMap<String, String>,
+        _: &BTreeMap<String, String>,
+        _: NodeFacts,
+    ) -> Plan {
+        let mut plan = Plan::default();
+        if labels.get("want").map(String::as_str) != Some("yes") {
+            plan.labels.insert("want".into(), Some("yes".into()));
+        }
+        plan
+    }
+
+    fn facts() -> NodeFacts {
+        NodeFacts {
+            claims: GpuClaims::None,
+            ready: ReadyPlanes::default(),
+            pinned: None,
+            hold: Hold::No,
+        }
+    }
+
+    async fn write(client: &kube::Client, cached: Value) -> Result<(), Error> {
+        let node: PartialObjectMeta<Node> = serde_json::from_value(cached).unwrap();
+        let plan = replan(node.labels(), node.annotations(), facts());
+        write_plan(client, &Metrics::default(), &node, plan, facts(), replan).await
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_write_is_planned_again_from_a_fresh_read_at_once() {
+        // Another writer added a label after the cache's copy (42) was taken.
+        let fresh = meta("43", json!({"other": "x"}), json!({}));
+        let (client, seen) = conflicting_api(1, fresh);
+        write(&client, meta("42", json!({}), json!({})))
+            .await
+            .unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                r#"PATCH {"labels":{"want":"yes"},"resourceVersion":"42"}"#,
+                "GET",
+                r#"PATCH {"labels":{"want":"yes"},"resourceVersion":"43"}"#,
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_fresh_read_that_already_shows_the_change_writes_nothing_more() {
+        let (client, seen) = conflicting_api(1, meta("43", json!({"want": "yes"}), json!({})));
+        write(&client, meta("42", json!({}), json!({})))
+            .await
+            .unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 2, "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn conflicts_are_retried_a_bounded_number_of_times() {
+        let (client, seen) = conflicting_api(usize::MAX, meta("43", json!({}), json!({})));
+        let error = write(&client, meta("42", json!({}), json!({})))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::Patch { source: kube::Error::Api(ref s), .. } if s.code == 409)
+        );
+        let patches = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.starts_with("PATCH"))
+            .count();
+        assert_eq!(patches, CONFLICT_RETRIES + 1);
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_record_changed_meanwhile_ends_the_retries() {
+        let moved = json!({l::HANDOVER: "{}"});
+        let (client, seen) = conflicting_api(1, meta("43", json!({}), moved));
+        let error = write(&client, meta("42", json!({}), json!({})))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::Patch { .. }), "{error}");
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            2,
+            "a read, no second write: {seen:?}"
         );
     }
 }

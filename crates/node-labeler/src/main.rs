@@ -58,9 +58,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .then(|| Election::new(&args.namespace, "gpu-operator-node-labeler", &args.identity)),
     };
     let settings = settings(&args);
+    // Evictions go through a client that does not retry: a 429 from one is a PodDisruptionBudget's
+    // refusal, which the hand-over counts and asks again about on its own schedule.
+    let evictions = service::kube_client_without_retries("gpu-operator-node-labeler").await?;
     process
         .run(registry, |client, shutdown| {
-            controller::run(client, settings, metrics, shutdown.wait())
+            controller::run(client, evictions, settings, metrics, shutdown.wait())
         })
         .await
 }

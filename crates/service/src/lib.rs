@@ -15,6 +15,18 @@ pub async fn kube_client(user_agent: &'static str) -> Result<kube::Client, kube:
     kube::Client::try_from(config(user_agent).await?)
 }
 
+/// Like [`kube_client`], but the client never retries a request itself. kube's client retries a
+/// 429 up to 15 times with a backoff that grows to minutes; for a request whose 429 is an answer
+/// (an eviction a PodDisruptionBudget refuses), that holds the caller for minutes instead of
+/// telling it. The caller decides when to ask again.
+pub async fn kube_client_without_retries(
+    user_agent: &'static str,
+) -> Result<kube::Client, kube::Error> {
+    let mut config = config(user_agent).await?;
+    config.default_retry = false;
+    kube::Client::try_from(config)
+}
+
 /// Like [`kube_client`], but speaking HTTP/2 when the API server offers it (it does, through ALPN),
 /// as client-go does: concurrent requests share one connection. Over HTTP/1.1 every request sent
 /// while the others are in flight opens, and TLS-handshakes, a connection of its own, which is

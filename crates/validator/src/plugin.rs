@@ -243,8 +243,14 @@ pub async fn run<F: Future<Output = ()>>(
     let wanted = args.resource.as_deref();
     let node = args.node_name.as_str();
 
+    // The plane's plugin registers seconds after this pod starts (both come with the node's
+    // labels), so the node is read every second rather than every interval until it offers GPUs.
+    let offered = Policy {
+        interval: Duration::from_secs(1).min(common.interval()),
+        ..policy
+    };
     let resource = stop(
-        retry_async(policy, shutdown.as_mut(), || async {
+        retry_async(offered, shutdown.as_mut(), || async {
             let n = nodes
                 .get(node)
                 .await
