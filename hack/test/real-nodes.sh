@@ -912,66 +912,94 @@ wait_until 120 replaced || fail "the DRA plugin on real-gpu-1 was not replaced f
 # Device health through the real kubelet: a double-bit ECC error on the GPU of a running pod taints
 # that device NoSchedule (the pod keeps running) and the plugin's health stream makes the kubelet
 # show the device unhealthy in the pod's status; after the recovery period both are healthy again.
-# The pod names its claim as the claim itself is named: kubelet 1.34 (every node of the subset) looks a device's
-# health up by the pod's claim entry name, so it shows none for a claim made from a template (newer
-# kubelets map the entry to the claim through the pod's status).
-k apply -f - >/dev/null <<EOF
+# claimed_pod NAME CLASS: a ResourceClaim NAME of one CLASS device and a pod NAME on real-gpu-1 that
+# names it (the kubelet shows device health only for claims a pod names: none for a claim made from
+# a template on kubelet 1.34, none for the claim the scheduler makes for an extended resource).
+claimed_pod() {
+  k apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: {name: sick, namespace: default}
+metadata: {name: $1, namespace: default}
 spec:
   devices:
     requests:
     - name: gpu
-      exactly: {deviceClassName: gpu.nvidia.com, count: 1}
+      exactly: {deviceClassName: $2, count: 1}
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: sick, namespace: default}
+metadata: {name: $1, namespace: default}
 spec:
   terminationGracePeriodSeconds: 1
   nodeSelector: {kubernetes.io/hostname: real-gpu-1}
-  resourceClaims: [{name: sick, resourceClaimName: sick}]
+  resourceClaims: [{name: $1, resourceClaimName: $1}]
   containers:
   - name: workload
     image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
     command: ["sh", "-c", "$LIST_GPUS; sleep 3600"]
     resources:
-      claims: [{name: sick}]
+      claims: [{name: $1}]
 EOF
+}
+claimed_pod sick gpu.nvidia.com
+# Beside it (not in the subset: 1.34 publishes no shares), a pod on a share of the other L4, through
+# a GPUClass's shared variant: a share device is in the health stream like a whole one.
+share_sick=""
+if full; then
+  k apply -f - >/dev/null <<EOF
+apiVersion: gpu-operator-rs.dev/v1alpha1
+kind: GPUClass
+metadata: {name: l4s}
+spec:
+  selector:
+    matchLabels: {gpu-operator-rs.dev/device: l4}
+  variants:
+    shared: {shares: 2}
+EOF
+  l4_shares() { [[ "$(k get gpuclass l4s -o jsonpath='{.status.devices}')" == 2 ]]; }
+  wait_until 60 l4_shares || fail "GPUClass l4s counts '$(k get gpuclass l4s -o jsonpath='{.status.devices} {.status.conditions}')'"
+  share_sick=sick-share
+fi
 if wait_until 120 running sick; then
   claim=sick
   device="$(k -n default get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
+  if [[ -n "$share_sick" ]]; then
+    claimed_pod "$share_sick" l4s-shared.gpu-operator-rs.dev
+    wait_until 120 running "$share_sick" || fail "$share_sick: $(pod_phase "$share_sick"); $(k -n default describe pod "$share_sick" | tail -4 | tr '\n' ' ')"
+  fi
   # pod_health: the health the kubelet shows for the pod's one DRA device (allocatedResourcesStatus;
   # the resource is named by the device's CDI id).
-  pod_health() { k -n default get pod sick -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus[*].resources[*].health}'; }
+  pod_health() { k -n default get pod "${1:-sick}" -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus[*].resources[*].health}'; }
   device_taint() { k get resourceslices --field-selector spec.nodeName=real-gpu-1,spec.driver=gpu.nvidia.com \
     -o jsonpath="{.items[*].spec.devices[?(@.name==\"$device\")].taints[*]['key','effect']}"; }
-  shows() { [[ "$(pod_health)" == "$1" ]]; }
+  # shows HEALTH: sick, and the share pod where there is one, show HEALTH.
+  shows() { [[ "$(pod_health)" == "$1" && (-z "$share_sick" || "$(pod_health "$share_sick")" == "$1") ]]; }
   if wait_until 60 shows Healthy; then
     pass "the kubelet shows sick's device $device Healthy in the pod's status, from the plugin's health stream"
   else
     fail "allocatedResourcesStatus of sick: '$(k -n default get pod sick -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')'"
   fi
-  mock_faults "{\"ecc_events\": [{\"gpu\": ${device#gpu-}, \"kind\": \"double-bit\"}]}"
+  # The error hits both L4s: sick's and the one the share pod is on.
+  mock_faults '{"ecc_events": [{"gpu": 0, "kind": "double-bit"}, {"gpu": 1, "kind": "double-bit"}]}'
   tainted() { [[ "$(device_taint)" == "gpu.nvidia.com/ecc NoSchedule" ]]; }
   if wait_until 30 tainted && wait_until 30 shows Unhealthy && [[ "$(pod_phase sick)" == Running ]]; then
-    pass "a double-bit ECC error on $device: tainted gpu.nvidia.com/ecc:NoSchedule, the kubelet shows it Unhealthy in the pod's status, the pod keeps running"
+    pass "a double-bit ECC error on $device: tainted gpu.nvidia.com/ecc:NoSchedule, the kubelet shows it Unhealthy in the pod's status, the pod keeps running${share_sick:+; $share_sick, on a share of the other L4, shows Unhealthy too}"
   else
-    fail "after a double-bit ECC error on $device: taint '$(device_taint)', pod health '$(pod_health)', phase $(pod_phase sick)"
+    fail "after a double-bit ECC error on $device: taint '$(device_taint)', pod health '$(pod_health)'${share_sick:+, $share_sick health: $(pod_health "$share_sick")}, phase $(pod_phase sick)"
   fi
   mock_faults '{}'
   untainted() { [[ -z "$(device_taint)" ]]; }
   if wait_until 60 untainted && wait_until 60 shows Healthy; then
     pass "after the recovery period the taint is gone and the kubelet shows $device Healthy again"
   else
-    fail "after recovery: taint '$(device_taint)', pod health '$(pod_health)'"
+    fail "after recovery: taint '$(device_taint)', pod health '$(pod_health)'${share_sick:+, $share_sick health: $(pod_health "$share_sick")}"
   fi
-  k -n default delete pod sick --wait=false >/dev/null
-  k -n default delete resourceclaim sick --wait=false >/dev/null
+  k -n default delete pod sick ${share_sick} --wait=false >/dev/null
+  k -n default delete resourceclaim sick ${share_sick} --wait=false >/dev/null
 else
   fail "sick on real-gpu-1: $(pod_phase sick); $(k -n default describe pod sick | tail -4 | tr '\n' ' ')"
 fi
+[[ -z "$share_sick" ]] || k delete gpuclass l4s --wait=false >/dev/null
 
 # Switching a node with a running GPU pod to device-plugin: the validator and exporter leave at once,
 # the DRA plugin stays until the pod is gone, then leaves too; switched back, it returns.
@@ -1181,10 +1209,14 @@ APP
 app_running() { k -n default get pods -l app=gpu-app -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}|{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c '^|Running$' || true; }
 moving() { k get nodes real-gpu-0 real-gpu-1 -o jsonpath='{range .items[*]}{.metadata.annotations.gpu-operator-rs\.dev/plane-handover}{"\n"}{end}' | grep -c '"phase":"\(Draining\|WaitingForPlane\)"' || true; }
 app_pods() { k -n default get pods -l app=gpu-app -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
+in_handover() { k get node "$1" -o jsonpath='{.metadata.annotations.gpu-operator-rs\.dev/plane-handover}' | grep -q '"phase":"\(Draining\|WaitingForPlane\)"'; }
 # migrate MODE: both nodes set to MODE; prints "fewest-running most-moving both-planes-seen seconds
-# replicas-replaced" once both are ready on MODE with 2 replicas running, sampling every second.
+# replicas-replaced per-node" once both are ready on MODE with 2 replicas running, sampling every
+# second. per-node: each node's hand-over as NODE=START..DONE, seconds after the label change from
+# its first sample in a hand-over to its first sample ready on MODE and uncordoned.
 migrate() {
   local mode=$1 t0=$SECONDS least=2 most=0 both=0 n r m before
+  local -A began=() ended=()
   before="$(app_pods)"
   k label node real-gpu-0 real-gpu-1 "nvidia.com/gpu-operator.resource-allocation.mode=$mode" --overwrite >/dev/null
   while ((SECONDS - t0 < 420)); do
@@ -1195,10 +1227,13 @@ migrate() {
     # Both plugin labels of a node from one read: two reads could straddle the switch's patch.
     for n in real-gpu-0 real-gpu-1; do
       [[ "$(k get node "$n" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.deploy\.dra-driver}/{.metadata.labels.nvidia\.com/gpu\.deploy\.device-plugin}')" == ?*/?* ]] && both=1
+      [[ -z "${began[$n]:-}" ]] && in_handover "$n" && began[$n]=$((SECONDS - t0))
+      [[ -n "${began[$n]:-}" && -z "${ended[$n]:-}" && "$(stack_of "$n")" == "$mode true " ]] && ended[$n]=$((SECONDS - t0))
     done
     if [[ "$(stack_of real-gpu-0)" == "$mode true " && "$(stack_of real-gpu-1)" == "$mode true " && "$r" == 2 ]]; then
       # Every replica held a GPU of the plane its node left, so each was evicted and replaced.
-      echo "$least $most $both $((SECONDS - t0)) $(grep -cvxF -f <(app_pods) <<<"$before" || true)"
+      for n in real-gpu-0 real-gpu-1; do [[ -n "${ended[$n]:-}" ]] || ended[$n]=$((SECONDS - t0)); done
+      echo "$least $most $both $((SECONDS - t0)) $(grep -cvxF -f <(app_pods) <<<"$before" || true) real-gpu-0=${began[real-gpu-0]:-?}..${ended[real-gpu-0]},real-gpu-1=${began[real-gpu-1]:-?}..${ended[real-gpu-1]}"
       return 0
     fi
     sleep 1
@@ -1209,9 +1244,9 @@ migrate() {
 two_running() { [[ "$(app_running)" == 2 ]]; }
 if wait_until 180 two_running; then
   for mode in device-plugin dra; do
-    if result="$(migrate "$mode")" && read -r least most both secs replaced <<<"$result" &&
+    if result="$(migrate "$mode")" && read -r least most both secs replaced pernode <<<"$result" &&
       ((least >= 1 && most == 1 && both == 0 && replaced == 2)); then
-      pass "both real nodes handed over to $mode one at a time in ${secs}s under a 2-replica Deployment with a PDB (drain: evict): both replicas evicted and replaced, at least $least running at every sample, at most $most node between planes, never both planes' plugins on a node, readiness labels $mode on both"
+      pass "both real nodes handed over to $mode one at a time in ${secs}s (each node from its hand-over's start to ready and uncordoned, seconds after the label change: $pernode) under a 2-replica Deployment with a PDB (drain: evict): both replicas evicted and replaced, at least $least running at every sample, at most $most node between planes, never both planes' plugins on a node, readiness labels $mode on both"
     else
       fail "hand-over to $mode (fewest running, most moving, both planes seen, seconds, replicas replaced): $result; nodes: $(stack_of real-gpu-0) / $(stack_of real-gpu-1); $(k get events -A --field-selector involvedObject.kind=Node --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Handover|PlaneSwitched' | tail -4 | tr '\n' ' ')"
     fi
