@@ -2,7 +2,10 @@
 //! the labeler's convergence and measures labeler and operator memory and API writes at that size.
 //!
 //! Nodes are created without KWOK (no heartbeats) and tainted so DaemonSets schedule nothing: the
-//! run measures our controllers, not the cluster's pod churn. Prints a Markdown table row.
+//! run measures our controllers, not the cluster's pod churn. Before the labeler starts, a raw
+//! writer patches one label onto every GPU node with the labeler's concurrency: the apiserver's own
+//! limit for the same writes on the same cluster, beside which the labeler's write phase is read.
+//! Prints a Markdown table row.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -30,16 +33,60 @@ fn node(name: &str, gpu: bool) -> Node {
     .unwrap()
 }
 
-async fn labelled(nodes: &Api<PartialObjectMeta<Node>>) -> anyhow::Result<usize> {
+/// How many of the run's nodes carry `label=true`.
+async fn carrying(nodes: &Api<PartialObjectMeta<Node>>, label: &str) -> anyhow::Result<usize> {
     let list = nodes
         .list_metadata(&ListParams::default().labels("bench=scale"))
         .await?;
     Ok(list
         .items
         .iter()
-        .filter(|n| n.labels().get(l::DEPLOY_DRA_DRIVER).map(String::as_str) == Some("true"))
+        .filter(|n| n.labels().get(label).map(String::as_str) == Some("true"))
         .count())
 }
+
+/// The labeler's reconcile concurrency: the raw writer keeps as many writes in flight.
+const WRITERS: usize = 16;
+
+/// Patches a label onto every GPU node, `WRITERS` at a time, unguarded: how long the apiserver
+/// takes for as many writes as the labeler makes, with no planning and no conflicts. Timed as the
+/// labeler is, until a 200 ms poll of the nodes sees every one written, so the poll's own load on
+/// the apiserver is in both figures.
+async fn raw_writes(
+    nodes: &Api<PartialObjectMeta<Node>>,
+    count: usize,
+) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let body = json!({"metadata": {"labels": {RAW_LABEL: "true"}}});
+    let writes = futures::stream::iter(0..count)
+        .map(|i| {
+            let (nodes, body) = (nodes.clone(), &body);
+            async move {
+                nodes
+                    .patch_metadata(
+                        &format!("scale-gpu-{i:05}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(body),
+                    )
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(WRITERS)
+        .try_collect::<Vec<_>>();
+    let seen = eventually(
+        Duration::from_secs(600),
+        "every GPU node written",
+        || async { Ok((carrying(nodes, RAW_LABEL).await? == count).then_some(())) },
+    );
+    let (written, seen) = futures::join!(writes, seen);
+    written?;
+    seen?;
+    Ok(start.elapsed())
+}
+
+/// The label the raw writer sets.
+const RAW_LABEL: &str = "bench/raw-writer";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -84,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
+    let raw = raw_writes(&nodes, count).await?;
     let start = Instant::now();
     let labeler = env.spawn(
         "node-labeler",
@@ -97,12 +145,18 @@ async fn main() -> anyhow::Result<()> {
     eventually(
         Duration::from_secs(600),
         "every GPU node labelled",
-        || async { Ok((labelled(&nodes).await? == count).then_some(())) },
+        || async { Ok((carrying(&nodes, l::DEPLOY_DRA_DRIVER).await? == count).then_some(())) },
     )
     .await?;
     let converge = start.elapsed();
     let labeler_rss = labeler.rss_kib().unwrap_or_default();
     let writes = metric("127.0.0.1:18281", "node_labeler_node_writes_total").await?;
+    let conflicts = metric(
+        "127.0.0.1:18281",
+        r#"node_labeler_errors_total{error="conflict"}"#,
+    )
+    .await
+    .unwrap_or(0.0);
 
     let operator = env.spawn(
         "gpu-operator",
@@ -153,8 +207,9 @@ async fn main() -> anyhow::Result<()> {
     }
     let idle_writes = format!("labeler {labeler_idle}, operator {operator_idle}");
     println!(
-        "| {count} GPU + {} CPU nodes | {:.1} s | {writes} | {:.1} MiB | {:.1} MiB | {idle_writes} in {} s |",
+        "| {count} GPU + {} CPU nodes | {:.1} s | {:.1} s | {writes} ({conflicts} conflicts) | {:.1} MiB | {:.1} MiB | {idle_writes} in {} s |",
         count / 10,
+        raw.as_secs_f64(),
         converge.as_secs_f64(),
         labeler_rss as f64 / 1024.0,
         operator.rss_kib().unwrap_or_default() as f64 / 1024.0,
