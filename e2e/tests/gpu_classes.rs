@@ -170,7 +170,7 @@ async fn scenario(
     )
     .await?;
     step(
-        "two pods asking a shared variant share one GPU; a whole-card pod gets the other, never that one",
+        "two pods asking a shared variant share one GPU; a whole-card pod gets the other, never that one, even once the variant is removed while the shares are held",
         logs,
         shared_variant_shares_a_gpu(client, classes),
     )
@@ -688,19 +688,24 @@ async fn stays_pending(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
     Ok(why)
 }
 
-async fn shared_variant_shares_a_gpu(
-    client: &kube::Client,
-    classes: &Api<GPUClass>,
-) -> anyhow::Result<()> {
-    let class = json!({
+/// GPUClass `team`: the A100s, in `variants`.
+fn team_class(variants: serde_json::Value) -> serde_json::Value {
+    json!({
         "apiVersion": "gpu-operator-rs.dev/v1alpha1",
         "kind": "GPUClass",
         "metadata": {"name": "team"},
         "spec": {
             "selector": {"matchLabels": {"gpu-operator-rs.dev/device": "a100-sxm4-40gb"}},
-            "variants": {"whole": {}, "shared": {"shares": 2}},
+            "variants": variants,
         },
-    });
+    })
+}
+
+async fn shared_variant_shares_a_gpu(
+    client: &kube::Client,
+    classes: &Api<GPUClass>,
+) -> anyhow::Result<()> {
+    let class = team_class(json!({"whole": {}, "shared": {"shares": 2}}));
     classes
         .patch(
             "team",
@@ -777,6 +782,46 @@ async fn shared_variant_shares_a_gpu(
         },
     )
     .await?;
+    // The class narrowed while the shares are in use: the shares held stay published, their
+    // counters with them, so the scheduler still cannot give the card whole.
+    let narrowed = team_class(json!({"whole": {}}));
+    classes
+        .patch(
+            "team",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(narrowed),
+        )
+        .await?;
+    eventually(
+        Duration::from_secs(30),
+        "GPUClass team to list its whole variant only",
+        || async {
+            let status = classes.get("team").await?.status.unwrap_or_default();
+            let names: Vec<String> = status.variants.into_iter().map(|v| v.name).collect();
+            Ok((names == ["whole"]).then_some(()))
+        },
+    )
+    .await?;
+    // The plugin has seen the change by now (it republishes within a second of one).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let published: Vec<String> = slices
+        .list(&ListParams::default().fields(&format!("spec.nodeName={WHOLE_NODE}")))
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| d.name)
+        .collect();
+    ensure!(
+        published.contains(&first),
+        "{first}, held by share-1 and share-2, left the slices when its variant went: {published:?}"
+    );
+    let waiting = pods.get("whole-2").await?;
+    ensure!(
+        waiting.spec.and_then(|s| s.node_name).is_none(),
+        "whole-2 was given a card while the shares of {shared_gpu} are held"
+    );
     // Once the shares are given back (their pods and claims gone), the card goes whole again.
     // The waiting pods go first: one the scheduler is binding when deleted can leave its
     // allocation in the scheduler's memory (seen with kube-scheduler 1.36.3), and a pod that
