@@ -14,9 +14,9 @@ use crate::topology::Gpu;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 
-const SUCCESS: Ret = nvmlReturn_enum_NVML_SUCCESS;
-const INVALID: Ret = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
-const NOT_SUPPORTED: Ret = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+pub(crate) const SUCCESS: Ret = nvmlReturn_enum_NVML_SUCCESS;
+pub(crate) const INVALID: Ret = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+pub(crate) const NOT_SUPPORTED: Ret = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 const NOT_FOUND: Ret = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 const INSUFFICIENT_SIZE: Ret = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
 const MIB: u64 = 1 << 20;
@@ -25,7 +25,7 @@ const MIB: u64 = 1 << 20;
 ///
 /// # Safety
 /// `out` is null or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, value: T) -> Ret {
+pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> Ret {
     if out.is_null() {
         return INVALID;
     }
@@ -69,7 +69,7 @@ fn handle_ptr<T>(handle: Handle) -> *mut T {
     std::ptr::without_provenance_mut(handle.encode())
 }
 
-fn collapse(result: Result<Ret, Ret>) -> Ret {
+pub(crate) fn collapse(result: Result<Ret, Ret>) -> Ret {
     result.unwrap_or_else(|e| e)
 }
 
@@ -77,7 +77,7 @@ fn collapse(result: Result<Ret, Ret>) -> Ret {
 ///
 /// # Safety
 /// `out` is null or valid for a write of `T`.
-unsafe fn query<T>(
+pub(crate) unsafe fn query<T>(
     device: nvmlDevice_t,
     out: *mut T,
     f: impl FnOnce(&Session, Device<'_>) -> Result<T, Ret>,
@@ -89,7 +89,7 @@ unsafe fn query<T>(
     }))
 }
 
-fn gpu_only(device: Device<'_>) -> Result<&Gpu, Ret> {
+pub(crate) fn gpu_only(device: Device<'_>) -> Result<&Gpu, Ret> {
     match device {
         Device::Gpu(g) => Ok(g),
         Device::Mig(..) => Err(NOT_SUPPORTED),

@@ -4,6 +4,7 @@
 
 use crate::config::{Config, EccEvent, EccKind, Faults, XidEvent};
 use crate::ffi::*;
+use crate::ffi_policy::*;
 use crate::state;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{CStr, CString, c_char, c_uint};
@@ -261,6 +262,31 @@ fn events_go_to_sets_that_registered_their_gpu_and_type() {
             nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
         );
     }
+}
+
+#[test]
+fn the_compute_policy_is_kept_per_gpu_and_mig_devices_have_none() {
+    let _s = start("a100-sxm4-40gb-mig-mixed", 2, Faults::default());
+    let (gpu0, gpu1) = (device(0), device(1));
+    let timeslice = |d| {
+        let mut value: c_uint = 9;
+        // SAFETY: valid out-pointer.
+        let ret = unsafe { mockNvmlDeviceGetComputeTimeslice(d, &mut value) };
+        (ret, value)
+    };
+    assert_eq!(timeslice(gpu0), (nvmlReturn_enum_NVML_SUCCESS, 0));
+    assert_eq!(mockNvmlDeviceSetComputeTimeslice(gpu0, 1), 0);
+    assert_eq!(timeslice(gpu0), (nvmlReturn_enum_NVML_SUCCESS, 1));
+    assert_eq!(timeslice(gpu1), (nvmlReturn_enum_NVML_SUCCESS, 0));
+    assert_eq!(
+        mockNvmlDeviceSetComputeTimeslice(mig(gpu1, 0).unwrap(), 1),
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(nvmlDeviceSetComputeMode(gpu1, 3), 0);
+    let mut mode = 0;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { nvmlDeviceGetComputeMode(gpu1, &mut mode) }, 0);
+    assert_eq!(mode, 3);
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use crate::config::{self, Config, EccKind, Faults, InitFault};
 use crate::handles::Handle;
 use crate::profile;
+use crate::settings::Store;
 use crate::topology::{Gpu, MigDevice, Topology};
 use nvml_wrapper_sys::bindings::*;
 use std::collections::{HashMap, VecDeque};
@@ -39,6 +40,8 @@ pub struct Session {
     event_sets: HashMap<u32, Vec<(u32, u64)>>,
     next_set: u32,
     control: Option<(PathBuf, Option<Stamp>)>,
+    /// The GPUs' compute mode and time-slice, kept across processes.
+    pub settings: Store,
 }
 
 /// A queued device event, as NVML reports it.
@@ -78,7 +81,7 @@ pub fn init() -> Ret {
 /// `init` with a given configuration and no control file, for in-process tests.
 #[cfg(test)]
 pub fn init_with(config: Config) -> Ret {
-    init_using(|| session_from(config, None))
+    init_using(|| session_from(config, None, Store::default()))
 }
 
 fn init_using(open: impl FnOnce() -> Result<Session, Ret>) -> Ret {
@@ -160,10 +163,10 @@ fn lock() -> MutexGuard<'static, Global> {
 fn open_session() -> Result<Session, Ret> {
     let control = control_path();
     let cfg = read_config(control.as_deref()).map_err(|e| complain(&e))?;
-    session_from(cfg, control)
+    session_from(cfg, control, Store::for_library(own_file().as_deref()))
 }
 
-fn session_from(cfg: Config, control: Option<PathBuf>) -> Result<Session, Ret> {
+fn session_from(cfg: Config, control: Option<PathBuf>, settings: Store) -> Result<Session, Ret> {
     if let Some(fault) = cfg.faults.init_error {
         return Err(match fault {
             InitFault::DriverNotLoaded => nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
@@ -191,6 +194,7 @@ fn session_from(cfg: Config, control: Option<PathBuf>) -> Result<Session, Ret> {
             let stamp = stamp(&p);
             (p, stamp)
         }),
+        settings,
     };
     session.apply_faults(cfg.faults);
     Ok(session)
