@@ -385,11 +385,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     report_start(&events, &report).await;
     // The devices prepared claims hold: the publisher keeps a share in use published.
     let (held_tx, held_rx) = watch::channel(std::collections::BTreeSet::new());
+    let slicer = crate::time_slice::NvidiaSmi::find(&roots.driver_root_ctr, &library);
     let driver = Arc::new(
         driver
             .with_metrics(metrics.clone())
-            .with_held_devices(held_tx),
+            .with_held_devices(held_tx)
+            .with_time_slicer(Arc::new(slicer)),
     );
+    for (gpu, error) in driver
+        .settle_time_slices(&report.unsettled_time_slices)
+        .await
+    {
+        tracing::error!(%gpu, %error, "could not put back the time-slice interval a half-prepared claim may have set");
+        let note = format!(
+            "GPU {gpu} may keep the time-slice interval of a claim a crash left half-prepared: {error}"
+        );
+        events.publish("TimeSliceNotRestored", note, true).await;
+    }
     if matches!(report.outcome, LoadOutcome::Corrupted { .. }) {
         rebuild(&client, &driver, &config.node_name).await;
     }

@@ -18,6 +18,7 @@
 //!
 //! So an fsync would protect nothing a reader can see, and prepare and unprepare make none.
 
+use crate::opaque::Interval;
 use crate::types::PreparedDevice;
 use gpu_discovery::atomic::{Durability, replace};
 use serde::{Deserialize, Serialize};
@@ -55,6 +56,10 @@ pub struct ClaimEntry {
     pub name: String,
     /// Devices of the claim (known from `PrepareStarted` on, so the exclusive check sees them).
     pub devices: Vec<PreparedDevice>,
+    /// The compute time-slice the claim set on physical GPUs, by GPU UUID; committed before it
+    /// is set, so a crash half-way is found and undone at start.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub time_slices: BTreeMap<String, Interval>,
 }
 
 /// The checkpoint's content.
@@ -105,6 +110,33 @@ impl Checkpoint {
                 })
             })
             .map(|(other, _)| other.as_str())
+    }
+
+    /// The claim (other than `uid`) that set another time-slice interval than `interval` on
+    /// `gpu`, with the interval it set.
+    pub fn time_slice_holder(
+        &self,
+        uid: &str,
+        gpu: &str,
+        interval: Interval,
+    ) -> Option<(&str, Interval)> {
+        self.claims
+            .iter()
+            .filter(|(other, _)| other.as_str() != uid)
+            .find_map(|(other, e)| {
+                let theirs = *e.time_slices.get(gpu)?;
+                (theirs != interval).then_some((other.as_str(), theirs))
+            })
+    }
+
+    /// The interval `gpu` should have with the claims held now (other than `except`): the one a
+    /// claim set, else the driver's default.
+    pub fn wanted_time_slice(&self, gpu: &str, except: &str) -> Interval {
+        self.claims
+            .iter()
+            .filter(|(uid, _)| uid.as_str() != except)
+            .find_map(|(_, e)| e.time_slices.get(gpu).copied())
+            .unwrap_or(Interval::Default)
     }
 }
 
@@ -339,6 +371,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: "a".into(),
                 devices: vec![device("gpu-0", false), device("gpu-1", true)],
+                time_slices: BTreeMap::new(),
             },
         );
         cp.claims.insert(
@@ -348,9 +381,36 @@ mod tests {
                 namespace: "ns".into(),
                 name: "b".into(),
                 devices: vec![device("gpu-2", false)],
+                time_slices: BTreeMap::from([("GPU-2".into(), Interval::Short)]),
             },
         );
         cp
+    }
+
+    #[test]
+    fn claims_sharing_a_gpu_must_agree_on_its_interval() {
+        let cp = sample();
+        assert_eq!(
+            cp.time_slice_holder("uid-c", "GPU-2", Interval::Long),
+            Some(("uid-b", Interval::Short))
+        );
+        assert_eq!(
+            cp.time_slice_holder("uid-c", "GPU-2", Interval::Short),
+            None
+        );
+        assert_eq!(cp.time_slice_holder("uid-b", "GPU-2", Interval::Long), None);
+        assert_eq!(cp.wanted_time_slice("GPU-2", "uid-c"), Interval::Short);
+        assert_eq!(cp.wanted_time_slice("GPU-2", "uid-b"), Interval::Default);
+        assert_eq!(cp.wanted_time_slice("GPU-0", ""), Interval::Default);
+    }
+
+    #[test]
+    fn an_entry_written_before_time_slices_existed_reads_as_holding_none() {
+        let older = br#"{"state":"PrepareCompleted","namespace":"ns","name":"a","devices":[]}"#;
+        let entry: ClaimEntry = serde_json::from_slice(older).unwrap();
+        assert!(entry.time_slices.is_empty());
+        let written = serde_json::to_string(&entry).unwrap();
+        assert!(!written.contains("timeSlices"), "{written}");
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! and the devices to prepare.
 
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
-use crate::opaque::{self, DeviceConfig};
+use crate::opaque::{self, DeviceConfig, Interval};
 use crate::types::ClaimRef;
 use api::gpuclass::variants::quantity_bytes;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use std::collections::BTreeMap;
 
 /// One allocated device of this driver on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,15 +121,25 @@ pub fn base_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(main, _)| main)
 }
 
+/// What a claim's allocation comes to on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Resolved {
+    /// The devices, in allocation order.
+    pub devices: Vec<NodeDevice>,
+    /// The time-slice interval the configs ask for, by physical GPU UUID.
+    pub time_slices: BTreeMap<String, Interval>,
+}
+
 /// Looks up every allocated device (a share becomes its GPU with the share's use) and checks
 /// the opaque configs of this driver that apply to it: the right kind for the device, and
-/// settings this plugin honours; a share takes its sharing strategy from them.
+/// settings this plugin honours; a share takes its sharing strategy from them, a full GPU or a
+/// share the time-slice interval the last of them names.
 pub fn resolve(
     claim: &ResourceClaim,
     allocated: &[Allocated],
     table: &DeviceTable,
     driver: &str,
-) -> Result<Vec<NodeDevice>, ClaimError> {
+) -> Result<Resolved, ClaimError> {
     let configs = claim
         .status
         .as_ref()
@@ -137,55 +148,71 @@ pub fn resolve(
         .and_then(|d| d.config.as_ref())
         .map(Vec::as_slice)
         .unwrap_or_default();
-    allocated
-        .iter()
-        .map(|a| {
-            let mut device = table
-                .claimable(&a.device, a.share_id.as_deref(), a.consumed_memory)
-                .ok_or_else(|| ClaimError::UnknownDevice(a.device.clone()))?;
-            for config in configs {
-                let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
-                    continue;
-                };
-                let applies = config.requests.as_ref().is_none_or(|reqs| {
-                    reqs.is_empty() || reqs.iter().any(|r| base_request(r) == a.request)
-                });
-                if !applies {
-                    continue;
-                }
-                let bytes = serde_json::to_vec(&opaque.parameters.0).unwrap_or_default();
-                let bad = |reason: String| ClaimError::Config {
-                    device: a.device.clone(),
-                    reason,
-                };
-                let decoded = opaque::decode(&bytes).map_err(|e| bad(e.to_string()))?;
-                let fits = matches!(
-                    (&decoded, &device.kind),
-                    (
-                        DeviceConfig::Gpu(_),
-                        DeviceKind::Gpu { .. } | DeviceKind::Share(_)
-                    ) | (DeviceConfig::Mig(_), DeviceKind::Mig(_))
-                );
-                if !fits {
-                    return Err(bad(format!(
-                        "{} does not apply to this kind of device",
-                        decoded.kind()
-                    )));
-                }
-                if let DeviceKind::Share(share) = &mut device.kind {
-                    decoded
-                        .check_supported_on_share()
-                        .map_err(|e| bad(e.to_string()))?;
-                    if let Some(strategy) = decoded.strategy() {
-                        share.strategy = strategy;
-                    }
-                } else {
-                    decoded.check_supported().map_err(|e| bad(e.to_string()))?;
-                }
+    let mut resolved = Resolved::default();
+    for a in allocated {
+        let mut interval = None;
+        let mut device = table
+            .claimable(&a.device, a.share_id.as_deref(), a.consumed_memory)
+            .ok_or_else(|| ClaimError::UnknownDevice(a.device.clone()))?;
+        for config in configs {
+            let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
+                continue;
+            };
+            let applies = config.requests.as_ref().is_none_or(|reqs| {
+                reqs.is_empty() || reqs.iter().any(|r| base_request(r) == a.request)
+            });
+            if !applies {
+                continue;
             }
-            Ok(device)
-        })
-        .collect()
+            let bytes = serde_json::to_vec(&opaque.parameters.0).unwrap_or_default();
+            let bad = |reason: String| ClaimError::Config {
+                device: a.device.clone(),
+                reason,
+            };
+            let decoded = opaque::decode(&bytes).map_err(|e| bad(e.to_string()))?;
+            let fits = matches!(
+                (&decoded, &device.kind),
+                (
+                    DeviceConfig::Gpu(_),
+                    DeviceKind::Gpu { .. } | DeviceKind::Share(_)
+                ) | (DeviceConfig::Mig(_), DeviceKind::Mig(_))
+            );
+            if !fits {
+                return Err(bad(format!(
+                    "{} does not apply to this kind of device",
+                    decoded.kind()
+                )));
+            }
+            if let DeviceKind::Share(share) = &mut device.kind {
+                decoded
+                    .check_supported_on_share()
+                    .map_err(|e| bad(e.to_string()))?;
+                if let Some(strategy) = decoded.strategy() {
+                    share.strategy = strategy;
+                }
+            } else {
+                decoded.check_supported().map_err(|e| bad(e.to_string()))?;
+            }
+            interval = decoded.time_slice().or(interval);
+        }
+        if let Some(interval) =
+            interval.filter(|_| !a.admin_access && !matches!(device.kind, DeviceKind::Mig(_)))
+        {
+            let gpu = device.gpu.gpu_uuid.clone();
+            if let Some(other) = resolved.time_slices.insert(gpu, interval)
+                && other != interval
+            {
+                return Err(ClaimError::Config {
+                    device: a.device.clone(),
+                    reason: format!(
+                        "time-slicing intervals {other} and {interval} asked for one GPU"
+                    ),
+                });
+            }
+        }
+        resolved.devices.push(device);
+    }
+    Ok(resolved)
 }
 
 /// Claims that hold devices of `driver` in `pool` and are reserved for a consumer: what a

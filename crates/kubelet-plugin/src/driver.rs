@@ -10,8 +10,11 @@
 //! so the checkpoint records a claim once, when it is prepared. A crash before that leaves at
 //! most a spec of a claim the checkpoint does not know; [`Driver::start`] removes it. An entry
 //! still `PrepareStarted` (written by an older version, or by a concurrent call's commit) is
-//! rolled back the same way. A side effect that cannot be found again (a MIG partition created
-//! for a claim, a sharing daemon) would need its own commit before it is made.
+//! rolled back the same way. A side effect that cannot be found again needs its own commit
+//! before it is made: a claim asking for a time-slice interval is committed `PrepareStarted`
+//! with the GPUs it will change, then the intervals are set ([`crate::time_slice`]); a crash
+//! between the two leaves an entry [`Driver::start`] rolls back, and the app puts those GPUs
+//! back to what the remaining claims want ([`Driver::settle_time_slices`]).
 
 use crate::cdi::{self, CdiWriter};
 use crate::checkpoint::{Checkpoint, CheckpointStore, ClaimEntry, ClaimState, LoadOutcome};
@@ -19,11 +22,14 @@ use crate::claim;
 use crate::devices::DeviceTable;
 use crate::ledger::{Ledger, Version};
 use crate::metrics::{Metrics, Operation};
+use crate::opaque::Interval;
+use crate::time_slice::TimeSlicer;
 use crate::types::{ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Why one claim could not be prepared or unprepared. The message goes to the kubelet (and the
@@ -59,6 +65,28 @@ pub enum ClaimFailure {
     /// The claim was unprepared while its prepare ran.
     #[error("unprepared while it was being prepared")]
     Unprepared,
+    /// Another prepared claim set another time-slice interval on a GPU this claim shares.
+    #[error(
+        "GPU {gpu} is time-sliced with interval {held} for claim {holder}; this claim asks for {asked} (claims sharing a GPU must agree on its interval)"
+    )]
+    TimeSliceConflict {
+        /// The physical GPU's UUID.
+        gpu: String,
+        /// The interval this claim asks for.
+        asked: Interval,
+        /// The claim that set the other interval.
+        holder: String,
+        /// The interval it set.
+        held: Interval,
+    },
+    /// Setting or restoring a GPU's time-slice interval failed.
+    #[error("setting the time-slice interval of GPU {gpu} failed: {reason}")]
+    TimeSlice {
+        /// The physical GPU's UUID.
+        gpu: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 impl ClaimFailure {
@@ -72,6 +100,8 @@ impl ClaimFailure {
             ClaimFailure::Checkpoint(_) => "checkpoint",
             ClaimFailure::CdiWrite(_) | ClaimFailure::CdiRemove(_) => "cdi",
             ClaimFailure::Unprepared => "unprepared",
+            ClaimFailure::TimeSliceConflict { .. } => "time_slice_conflict",
+            ClaimFailure::TimeSlice { .. } => "time_slice",
         }
     }
 }
@@ -117,6 +147,8 @@ pub struct StartReport {
     pub stray_specs: Vec<String>,
     /// Claims restored as prepared.
     pub restored: usize,
+    /// GPUs whose time-slice interval a rolled-back claim may have changed: to settle.
+    pub unsettled_time_slices: BTreeSet<String>,
 }
 
 /// A claim's answer, staged in memory until the call's commit.
@@ -140,6 +172,8 @@ pub struct Driver<C> {
     metrics: Option<Metrics>,
     /// Where the devices prepared claims hold are told (the publisher keeps their shares).
     held: Option<tokio::sync::watch::Sender<std::collections::BTreeSet<String>>>,
+    /// Sets the GPUs' time-slice intervals.
+    slicer: Arc<dyn TimeSlicer>,
 }
 
 impl<C: ClaimSource> Driver<C> {
@@ -155,8 +189,10 @@ impl<C: ClaimSource> Driver<C> {
     ) -> io::Result<(Self, StartReport)> {
         let (mut checkpoint, outcome) = store.load()?;
         let mut rolled_back = Vec::new();
+        let mut unsettled_time_slices = BTreeSet::new();
         for (uid, entry) in checkpoint.take_started() {
             cdi.remove(&uid)?;
+            unsettled_time_slices.extend(entry.time_slices.into_keys());
             rolled_back.push(ClaimRef {
                 namespace: entry.namespace,
                 uid,
@@ -178,6 +214,7 @@ impl<C: ClaimSource> Driver<C> {
             rolled_back,
             stray_specs,
             restored: checkpoint.claims.len(),
+            unsettled_time_slices,
         };
         let driver = Self {
             driver_name: driver_name.to_owned(),
@@ -188,8 +225,28 @@ impl<C: ClaimSource> Driver<C> {
             ledger: Ledger::new(checkpoint, store),
             metrics: None,
             held: None,
+            slicer: Arc::new(crate::time_slice::Unavailable),
         };
         Ok((driver, report))
+    }
+
+    /// Sets time-slice intervals with `slicer` (claims asking for one are refused otherwise).
+    pub fn with_time_slicer(mut self, slicer: Arc<dyn TimeSlicer>) -> Self {
+        self.slicer = slicer;
+        self
+    }
+
+    /// Puts each of `gpus` back to the interval the prepared claims want (the driver's default
+    /// when none sets one); answers the GPUs that failed, with why.
+    pub async fn settle_time_slices(&self, gpus: &BTreeSet<String>) -> Vec<(String, String)> {
+        let mut failed = Vec::new();
+        for gpu in gpus {
+            let (wanted, _) = self.ledger.read(|cp| cp.wanted_time_slice(gpu, ""));
+            if let Err(e) = self.slicer.set(gpu, wanted).await {
+                failed.push((gpu.clone(), e));
+            }
+        }
+        failed
     }
 
     /// Records metrics from now on.
@@ -310,7 +367,10 @@ impl<C: ClaimSource> Driver<C> {
         }
         let object = object?;
         let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)?;
-        let devices = claim::resolve(&object, &allocated, &self.table, &self.driver_name)?;
+        let claim::Resolved {
+            devices,
+            time_slices,
+        } = claim::resolve(&object, &allocated, &self.table, &self.driver_name)?;
         let prepared: Vec<PreparedDevice> = allocated
             .iter()
             .map(|a| PreparedDevice {
@@ -335,6 +395,16 @@ impl<C: ClaimSource> Driver<C> {
                     });
                 }
             }
+            for (gpu, &asked) in &time_slices {
+                if let Some((holder, held)) = state.time_slice_holder(&claim.uid, gpu, asked) {
+                    return Err(ClaimFailure::TimeSliceConflict {
+                        gpu: gpu.clone(),
+                        asked,
+                        holder: describe(state, holder),
+                        held,
+                    });
+                }
+            }
             state.claims.insert(
                 claim.uid.clone(),
                 ClaimEntry {
@@ -342,6 +412,7 @@ impl<C: ClaimSource> Driver<C> {
                     namespace: claim.namespace.clone(),
                     name: claim.name.clone(),
                     devices: prepared.clone(),
+                    time_slices: time_slices.clone(),
                 },
             );
             Ok(None)
@@ -352,6 +423,9 @@ impl<C: ClaimSource> Driver<C> {
                 version,
                 added: false,
             });
+        }
+        if !time_slices.is_empty() {
+            self.set_time_slices(claim, version, &time_slices).await?;
         }
 
         let cdi = self.cdi.clone();
@@ -382,6 +456,36 @@ impl<C: ClaimSource> Driver<C> {
         })
     }
 
+    /// Commits the claim's reservation, then sets its GPUs' intervals; on a failure forgets the
+    /// claim and puts its GPUs back.
+    async fn set_time_slices(
+        &self,
+        claim: &ClaimRef,
+        version: Version,
+        time_slices: &BTreeMap<String, Interval>,
+    ) -> Result<(), ClaimFailure> {
+        if let Err(e) = self.ledger.commit(version).await {
+            self.take_back(claim);
+            return Err(ClaimFailure::Checkpoint(e.to_string()));
+        }
+        for (gpu, &interval) in time_slices {
+            if let Err(reason) = self.slicer.set(gpu, interval).await {
+                self.take_back(claim);
+                for (gpu, e) in self
+                    .settle_time_slices(&time_slices.keys().cloned().collect())
+                    .await
+                {
+                    tracing::warn!(%gpu, error = %e, "restoring a GPU's time-slice interval after a failed prepare");
+                }
+                return Err(ClaimFailure::TimeSlice {
+                    gpu: gpu.clone(),
+                    reason,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Forgets a claim this call added: its spec and its entry (best effort, for failures).
     fn take_back(&self, claim: &ClaimRef) {
         let _ = self.cdi.remove(&claim.uid);
@@ -392,6 +496,25 @@ impl<C: ClaimSource> Driver<C> {
     /// claims succeed once what is known is committed.
     async fn stage_unprepare(&self, claim: &ClaimRef) -> Result<Staged<()>, ClaimFailure> {
         let (known, version) = self.ledger.read(|cp| cp.claims.contains_key(&claim.uid));
+        // The GPUs whose interval changes when this claim goes, set before it is forgotten so
+        // that a failure leaves the claim for the kubelet's retry.
+        let (restores, _) = self.ledger.read(|cp| {
+            cp.claims.get(&claim.uid).map_or_else(Vec::new, |entry| {
+                entry
+                    .time_slices
+                    .iter()
+                    .map(|(gpu, &mine)| (gpu.clone(), mine, cp.wanted_time_slice(gpu, &claim.uid)))
+                    .filter(|(_, mine, wanted)| mine != wanted)
+                    .map(|(gpu, _, wanted)| (gpu, wanted))
+                    .collect()
+            })
+        });
+        for (gpu, wanted) in restores {
+            self.slicer
+                .set(&gpu, wanted)
+                .await
+                .map_err(|reason| ClaimFailure::TimeSlice { gpu, reason })?;
+        }
         if known {
             self.cdi
                 .remove(&claim.uid)
@@ -409,6 +532,14 @@ impl<C: ClaimSource> Driver<C> {
             added: false,
         })
     }
+}
+
+/// `<namespace>/<name>` of the claim with `uid` in `checkpoint`, else the UID.
+fn describe(checkpoint: &Checkpoint, uid: &str) -> String {
+    checkpoint
+        .claims
+        .get(uid)
+        .map_or_else(|| uid.to_owned(), |e| format!("{}/{}", e.namespace, e.name))
 }
 
 impl<C: ClaimSource> Driver<C> {
@@ -767,6 +898,125 @@ mod tests {
         assert_eq!(users["GPU-0"], ["ns/s1", "ns/s2"]);
     }
 
+    /// `claim` with one config asking for time-slicing with `interval` (upstream's spelling).
+    fn time_sliced(claim: ResourceClaim, interval: &str) -> ResourceClaim {
+        let mut value = serde_json::to_value(claim).unwrap();
+        value["status"]["allocation"]["devices"]["config"] = serde_json::json!([{
+            "source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}}]);
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn driver_slicing(
+        dir: &Path,
+        claims: &Arc<Claims>,
+    ) -> (Driver<Arc<Claims>>, Arc<crate::time_slice::fake::Recorder>) {
+        let recorder = Arc::new(crate::time_slice::fake::Recorder::default());
+        let (d, _) = driver(dir, claims);
+        (d.with_time_slicer(recorder.clone()), recorder)
+    }
+
+    #[tokio::test]
+    async fn a_time_sliced_claim_sets_its_gpus_interval_until_it_is_unprepared() {
+        let (dir, claims) = setup();
+        claims.put(time_sliced(exclusive("ts", "u1", &["gpu-2"]), "Short"));
+        let (d, slicer) = driver_slicing(dir.path(), &claims);
+        let answers = d.prepare(vec![cref("ts", "u1")]).await;
+        assert!(answers["u1"].is_ok(), "{answers:?}");
+        assert_eq!(slicer.last("GPU-2"), Some(Interval::Short));
+        let again = d.prepare(vec![cref("ts", "u1")]).await;
+        assert!(again["u1"].is_ok());
+        assert_eq!(
+            slicer.calls.lock().unwrap().len(),
+            1,
+            "a repeated prepare sets nothing"
+        );
+        assert!(d.unprepare(vec![cref("ts", "u1")]).await["u1"].is_ok());
+        assert_eq!(slicer.last("GPU-2"), Some(Interval::Default));
+        assert!(d.unprepare(vec![cref("ts", "u1")]).await["u1"].is_ok());
+        assert_eq!(
+            slicer.calls.lock().unwrap().len(),
+            2,
+            "a repeated unprepare sets nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn claims_sharing_a_gpu_with_other_intervals_are_refused_naming_both() {
+        let (dir, claims) = setup();
+        claims.put(time_sliced(
+            share("s1", "u1", "gpu-0-shared-a100", "TimeSlicing"),
+            "Short",
+        ));
+        claims.put(time_sliced(
+            share("s2", "u2", "gpu-0-shared-a100", "TimeSlicing"),
+            "Long",
+        ));
+        claims.put(time_sliced(
+            share("s3", "u3", "gpu-0-shared-a100", "TimeSlicing"),
+            "Short",
+        ));
+        let (d, slicer) = driver_slicing(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("s1", "u1")]).await["u1"].is_ok());
+        let refused = d.prepare(vec![cref("s2", "u2")]).await;
+        let message = refused["u2"].as_ref().unwrap_err();
+        assert!(
+            message.contains("GPU GPU-0 is time-sliced with interval Short for claim ns/s1; this claim asks for Long"),
+            "{message}"
+        );
+        assert!(d.prepare(vec![cref("s3", "u3")]).await["u3"].is_ok());
+        assert!(d.unprepare(vec![cref("s1", "u1")]).await["u1"].is_ok());
+        assert_eq!(
+            slicer.last("GPU-0"),
+            Some(Interval::Short),
+            "s3 still wants Short"
+        );
+        assert!(d.unprepare(vec![cref("s3", "u3")]).await["u3"].is_ok());
+        assert_eq!(slicer.last("GPU-0"), Some(Interval::Default));
+        assert!(
+            d.prepare(vec![cref("s2", "u2")]).await["u2"].is_ok(),
+            "Long once no claim holds Short"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_interval_change_fails_only_its_claim_and_keeps_nothing() {
+        let (dir, claims) = setup();
+        claims.put(time_sliced(exclusive("bad", "u1", &["gpu-4"]), "Medium"));
+        claims.put(exclusive("plain", "u2", &["gpu-4"]));
+        let (d, slicer) = driver_slicing(dir.path(), &claims);
+        slicer.failing.lock().unwrap().push("GPU-4".into());
+        let answers = d.prepare(vec![cref("bad", "u1")]).await;
+        let message = answers["u1"].as_ref().unwrap_err();
+        assert!(
+            message
+                .contains("setting the time-slice interval of GPU GPU-4 failed: nvidia-smi failed"),
+            "{message}"
+        );
+        assert!(!d.cdi.path("u1").exists());
+        assert!(
+            d.prepare(vec![cref("plain", "u2")]).await["u2"].is_ok(),
+            "the failed claim holds nothing"
+        );
+        let (held, _) = d.ledger.read(|cp| cp.claims.contains_key("u1"));
+        assert!(!held);
+    }
+
+    #[tokio::test]
+    async fn gpus_a_crash_left_unsettled_get_what_the_remaining_claims_want() {
+        let (dir, claims) = setup();
+        claims.put(time_sliced(exclusive("kept", "u1", &["gpu-1"]), "Long"));
+        let (d, slicer) = driver_slicing(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("kept", "u1")]).await["u1"].is_ok());
+        let failed = d
+            .settle_time_slices(&BTreeSet::from(["GPU-1".to_owned(), "GPU-6".to_owned()]))
+            .await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(slicer.last("GPU-1"), Some(Interval::Long));
+        assert_eq!(slicer.last("GPU-6"), Some(Interval::Default));
+    }
+
     #[tokio::test]
     async fn an_mps_share_needs_its_daemon_and_gets_its_part_as_limits() {
         let (dir, claims) = setup();
@@ -884,6 +1134,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: "half".into(),
                 devices: vec![],
+                time_slices: BTreeMap::from([("GPU-half".into(), Interval::Medium)]),
             },
         );
         store.save(&cp).unwrap();
@@ -892,6 +1143,11 @@ mod tests {
 
         let (d, report) = driver(dir.path(), &claims);
         assert_eq!(report.rolled_back, [cref("half", "u2")]);
+        assert_eq!(
+            report.unsettled_time_slices,
+            BTreeSet::from(["GPU-half".to_owned()]),
+            "the GPU a half-prepared claim may have changed is to be put back"
+        );
         assert_eq!(report.restored, 1);
         assert!(!half.exists(), "no leaked CDI file");
         assert!(

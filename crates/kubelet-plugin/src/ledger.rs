@@ -111,6 +111,7 @@ mod tests {
             namespace: "ns".into(),
             name: name.into(),
             devices: vec![],
+            time_slices: Default::default(),
         }
     }
 

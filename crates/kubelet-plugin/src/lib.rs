@@ -6,7 +6,8 @@
 //! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory),
 //! [`sharing`] (which GPUs are published in shares for GPU classes),
 //! [`device_health`] (taints and the kubelet's health stream from the GPUs' health).
-//! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`prefetch`] (claims read ahead
+//! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`time_slice`] (the driver's
+//! `nvidia-smi` for time-slice intervals), [`prefetch`] (claims read ahead
 //! from a watch of the node's pods), [`ledger`] (the claim table and
 //! its group-committed checkpoint), [`publish`] (slice reconciliation),
 //! [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
@@ -39,5 +40,6 @@ pub mod slices;
 pub mod sockets;
 #[cfg(test)]
 mod testutil;
+pub mod time_slice;
 pub mod types;
 pub mod upstream_metrics;

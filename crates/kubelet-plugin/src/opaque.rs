@@ -1,7 +1,7 @@
 //! Opaque device configuration of the driver (`resource.nvidia.com/v1beta1`), decoded strictly:
 //! unknown fields, kinds or versions are errors that name what was wrong.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// `apiVersion` of the driver's configuration objects.
@@ -62,8 +62,8 @@ pub struct TimeSlicingConfig {
     pub interval: Option<Interval>,
 }
 
-/// Time-slice lengths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// Time-slice lengths: how long a process keeps a time-sliced GPU before the next one runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Interval {
     /// The driver's default.
     Default,
@@ -73,6 +73,24 @@ pub enum Interval {
     Medium,
     /// Long.
     Long,
+}
+
+impl Interval {
+    /// The value `nvidia-smi compute-policy --set-timeslice` takes.
+    pub fn nvidia_smi_value(self) -> u32 {
+        match self {
+            Self::Default => 0,
+            Self::Short => 1,
+            Self::Medium => 2,
+            Self::Long => 3,
+        }
+    }
+}
+
+impl std::fmt::Display for Interval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
 }
 
 /// `mpsConfig`.
@@ -109,6 +127,9 @@ pub enum ConfigError {
     /// A setting this plugin does not apply yet.
     #[error("{0} is not supported by this plugin yet")]
     Unsupported(String),
+    /// A setting that cannot apply where it was asked for; the message says why.
+    #[error("{0}")]
+    Refused(String),
 }
 
 fn invalid(kind: &str, e: impl std::fmt::Display) -> ConfigError {
@@ -163,9 +184,9 @@ impl DeviceConfig {
         self.sharing().map(|s| s.strategy)
     }
 
-    /// Checks that this plugin can honour the settings on a share of a GPU: time-slicing with
-    /// the default interval, or MPS (its limits come from the share's memory; the class's
-    /// `mpsConfig` is not applied).
+    /// Checks that this plugin can honour the settings on a share of a GPU: time-slicing (with
+    /// any interval, set on the whole card), or MPS (its limits come from the share's memory; the
+    /// class's `mpsConfig` is not applied).
     pub fn check_supported_on_share(&self) -> Result<(), ConfigError> {
         match self.sharing() {
             Some(Sharing {
@@ -175,22 +196,31 @@ impl DeviceConfig {
                 "mpsConfig on a share (its limits follow the memory the share consumed)".into(),
             )),
             Some(Sharing {
-                strategy: Strategy::TimeSlicing,
-                time_slicing_config:
-                    Some(TimeSlicingConfig {
-                        interval: Some(i), ..
-                    }),
+                strategy: Strategy::Mps,
+                time_slicing_config: Some(_),
                 ..
-            }) if *i != Interval::Default => Err(ConfigError::Unsupported(format!(
-                "time-slicing interval {i:?}"
-            ))),
+            }) => Err(ConfigError::Unsupported(
+                "timeSlicingConfig with strategy MPS".into(),
+            )),
             _ => Ok(()),
         }
     }
 
+    /// The time-slice interval the configuration asks for, if it names one.
+    pub fn time_slice(&self) -> Option<Interval> {
+        match self.sharing()? {
+            Sharing {
+                strategy: Strategy::TimeSlicing,
+                time_slicing_config: Some(TimeSlicingConfig { interval, .. }),
+                ..
+            } => *interval,
+            _ => None,
+        }
+    }
+
     /// Checks that this plugin can honour the settings on a device a claim holds alone: no
-    /// sharing, or time-slicing with the default interval (what an unshared GPU does anyway).
-    /// Pods share a GPU through a GPUClass's `shared` variant.
+    /// sharing, or time-slicing (an interval on a full GPU only: the driver sets it per card).
+    /// Pods share a GPU with MPS through a GPUClass's `shared` variant.
     pub fn check_supported(&self) -> Result<(), ConfigError> {
         match self.sharing() {
             None => Ok(()),
@@ -206,16 +236,12 @@ impl DeviceConfig {
             }) => Err(ConfigError::Unsupported(
                 "mpsConfig with strategy TimeSlicing".into(),
             )),
-            Some(Sharing {
-                time_slicing_config:
-                    Some(TimeSlicingConfig {
-                        interval: Some(i), ..
-                    }),
-                ..
-            }) if *i != Interval::Default => Err(ConfigError::Unsupported(format!(
-                "time-slicing interval {i:?}"
-            ))),
-            Some(_) => Ok(()),
+            Some(_) => match (self, self.time_slice()) {
+                (Self::Mig(_), Some(i)) if i != Interval::Default => Err(ConfigError::Refused(
+                    format!("time-slicing interval {i} on a MIG device: the driver sets intervals per full GPU"),
+                )),
+                _ => Ok(()),
+            },
         }
     }
 }
@@ -233,17 +259,32 @@ mod tests {
         )
         .unwrap();
         assert_eq!(gpu.kind(), "GpuConfig");
-        assert_eq!(
-            gpu.check_supported(),
-            Err(ConfigError::Unsupported(
-                "time-slicing interval Long".into()
-            ))
-        );
+        assert_eq!(gpu.check_supported(), Ok(()));
+        assert_eq!(gpu.time_slice(), Some(Interval::Long));
         let mig =
             decode(br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig"}"#)
                 .unwrap();
         assert_eq!(mig, DeviceConfig::Mig(MigDeviceConfig::default()));
         assert_eq!(mig.check_supported(), Ok(()));
+        let mig_short = decode(
+            br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig",
+                 "sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Short"}}}"#,
+        )
+        .unwrap();
+        let refused = mig_short.check_supported().unwrap_err().to_string();
+        assert!(refused.contains("per full GPU"), "{refused}");
+    }
+
+    #[test]
+    fn intervals_map_to_the_values_nvidia_smi_takes() {
+        let values = [
+            Interval::Default,
+            Interval::Short,
+            Interval::Medium,
+            Interval::Long,
+        ]
+        .map(Interval::nvidia_smi_value);
+        assert_eq!(values, [0, 1, 2, 3]);
     }
 
     #[test]
@@ -286,7 +327,9 @@ mod tests {
         let refused = limits.check_supported_on_share().unwrap_err().to_string();
         assert!(refused.contains("mpsConfig on a share"), "{refused}");
         let long = config(r#"{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}"#);
-        assert!(long.check_supported_on_share().is_err());
+        assert_eq!(long.check_supported_on_share(), Ok(()));
+        assert_eq!(long.time_slice(), Some(Interval::Long));
+        assert_eq!(mps.time_slice(), None);
         assert_eq!(
             config(r#"{"strategy":"TimeSlicing"}"#).check_supported_on_share(),
             Ok(())
