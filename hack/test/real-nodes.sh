@@ -674,6 +674,72 @@ fi
 gpu_pod two-gpus real-gpu-1 2
 check_gpu_pod two-gpus real-gpu-1 2
 
+# Time-slicing written for the upstream driver (its quickstart's shape): one ResourceClaim whose
+# GpuConfig asks for TimeSlicing with interval Short, named by two pods. The plugin sets the GPU's
+# compute time-slice through the driver's nvidia-smi at prepare, and puts it back at unprepare; what
+# the node's nvidia-smi shows (run inside the node, as an admin would) is what the driver holds.
+node_timeslice() { "$HACK_DIR/cluster" node-exec "$1" nvidia-smi compute-policy -l -i "$2" 2>&1 | sed -n 's/.*Timeslice //p'; }
+k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: ts-short, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.nvidia.com}
+    config:
+    - requests: [gpu]
+      opaque:
+        driver: gpu.nvidia.com
+        parameters:
+          apiVersion: resource.nvidia.com/v1beta1
+          kind: GpuConfig
+          sharing:
+            strategy: TimeSlicing
+            timeSlicingConfig: {interval: Short}
+EOF
+for pod in ts-a ts-b; do
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $pod, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: real-gpu-0}
+  resourceClaims: [{name: gpu, resourceClaimName: ts-short}]
+  containers:
+  - name: ctr
+    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
+    command: ["sh", "-c", "nvidia-smi -L; sleep 3600"]
+    resources:
+      claims: [{name: gpu}]
+EOF
+done
+both_sliced() { running ts-a && running ts-b; }
+if wait_until 120 both_sliced; then
+  ts_uuid="$(k -n default logs ts-a | grep -o 'GPU-[0-9a-f-]*' | head -1)"
+  ts_uuid_b="$(k -n default logs ts-b | grep -o 'GPU-[0-9a-f-]*' | head -1)"
+  ts_now="$(node_timeslice real-gpu-0 "$ts_uuid")"
+  if [[ -n "$ts_uuid" && "$ts_uuid" == "$ts_uuid_b" && "$ts_now" == SHORT ]]; then
+    pass "ts-a and ts-b run time-sliced on $ts_uuid through one claim asking for interval Short; the node's nvidia-smi shows Timeslice SHORT"
+  else
+    fail "time-sliced pods saw '$ts_uuid' and '$ts_uuid_b'; the node's nvidia-smi shows Timeslice '$ts_now' for it"
+  fi
+  k -n default delete pod ts-a ts-b --wait=false >/dev/null
+  k -n default delete resourceclaim ts-short --wait=false >/dev/null
+  back_to_default() { [[ "$(node_timeslice real-gpu-0 "$ts_uuid")" == DEFAULT ]]; }
+  if wait_until 60 back_to_default; then
+    pass "after the pods and the claim are gone, $ts_uuid is back at Timeslice DEFAULT"
+  else
+    fail "after unprepare $ts_uuid shows Timeslice '$(node_timeslice real-gpu-0 "$ts_uuid")'"
+  fi
+else
+  fail "time-sliced pods: ts-a $(pod_phase ts-a), ts-b $(pod_phase ts-b): $(k -n default describe pod ts-a | tail -4 | tr '\n' ' ')"
+  k -n default delete pod ts-a ts-b --wait=false >/dev/null
+  k -n default delete resourceclaim ts-short --wait=false >/dev/null
+fi
+
 # What the apiserver serves of the DRA features, as the GPUCluster says: everything on the newest
 # release; on 1.34 the counter sets GPU shares draw on come in an older shape, which the plugin's
 # layout cannot use, so a class with a shared variant leaves every GPU published whole (and the
