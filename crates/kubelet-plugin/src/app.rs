@@ -337,7 +337,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         by_index,
         library,
     } = read_gpus(&roots, &config.sysfs_root).context("reading the GPUs through NVML")?;
-    tracing::info!(devices = table.devices.len(), driver = %table.driver_version, "GPUs found");
+    let table = DeviceTable {
+        consumable_shares: config.consumable_shares,
+        ..table
+    };
+    tracing::info!(devices = table.devices.len(), driver = %table.driver_version, consumable_shares = ?table.consumable_shares, "GPUs found");
     for gpu in &unreadable {
         tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");
     }

@@ -97,15 +97,24 @@ impl Checkpoint {
 
     /// The claim (other than `uid`) holding, without admin access, a device of `pool` that
     /// `device` excludes ([`crate::devices::exclusive_pair`]: the same device, or a GPU and its
-    /// shares), if any.
-    pub fn exclusive_holder(&self, uid: &str, pool: &str, device: &str) -> Option<&str> {
+    /// shares), if any. Two allocations of one device that both carry a share id (a device
+    /// offered to many claims, whose capacity the scheduler counted) do not exclude each other.
+    pub fn exclusive_holder(
+        &self,
+        uid: &str,
+        pool: &str,
+        device: &str,
+        shared: bool,
+    ) -> Option<&str> {
         self.claims
             .iter()
             .filter(|(other, _)| other.as_str() != uid)
             .find(|(_, e)| {
                 e.devices.iter().any(|d| {
+                    let both_shares = shared && d.share_id.is_some() && d.device == device;
                     !d.admin_access
                         && d.pool == pool
+                        && !both_shares
                         && crate::devices::exclusive_pair(&d.device, device)
                 })
             })
@@ -459,16 +468,44 @@ mod tests {
     fn exclusive_holders_ignore_admin_access_and_self() {
         let cp = sample();
         assert_eq!(
-            cp.exclusive_holder("uid-x", "node-a", "gpu-0"),
+            cp.exclusive_holder("uid-x", "node-a", "gpu-0", false),
             Some("uid-a")
         );
         assert_eq!(
-            cp.exclusive_holder("uid-x", "node-a", "gpu-2"),
+            cp.exclusive_holder("uid-x", "node-a", "gpu-2", false),
             Some("uid-b")
         );
-        assert_eq!(cp.exclusive_holder("uid-a", "node-a", "gpu-0"), None);
-        assert_eq!(cp.exclusive_holder("uid-x", "node-a", "gpu-1"), None);
-        assert_eq!(cp.exclusive_holder("uid-x", "node-b", "gpu-0"), None);
+        assert_eq!(cp.exclusive_holder("uid-a", "node-a", "gpu-0", false), None);
+        assert_eq!(cp.exclusive_holder("uid-x", "node-a", "gpu-1", false), None);
+        assert_eq!(cp.exclusive_holder("uid-x", "node-b", "gpu-0", false), None);
+    }
+
+    #[test]
+    fn shares_of_one_device_coexist_and_exclude_a_whole_claim() {
+        let mut cp = Checkpoint::empty("boot-1");
+        let mut shared = device("gpu-3", false);
+        shared.share_id = Some("s-1".into());
+        cp.claims.insert(
+            "uid-s".into(),
+            ClaimEntry {
+                state: ClaimState::PrepareCompleted,
+                namespace: "ns".into(),
+                name: "s".into(),
+                devices: vec![shared],
+                time_slices: BTreeMap::new(),
+            },
+        );
+        assert_eq!(cp.exclusive_holder("uid-t", "node-a", "gpu-3", true), None);
+        assert_eq!(
+            cp.exclusive_holder("uid-t", "node-a", "gpu-3", false),
+            Some("uid-s"),
+            "a claim without a share id holds the device alone"
+        );
+        assert_eq!(
+            cp.exclusive_holder("uid-t", "node-a", "gpu-3-shared-a", true),
+            Some("uid-s"),
+            "a GPU class's share of a GPU other claims consume"
+        );
     }
 
     #[test]

@@ -190,6 +190,11 @@ pub fn resolve(
                 if let Some(strategy) = decoded.strategy() {
                     share.strategy = strategy;
                 }
+            } else if a.share_id.is_some() && decoded.strategy() == Some(opaque::Strategy::Mps) {
+                return Err(bad(
+                    "MPS sharing is not supported on a device offered as consumable shares (as upstream)"
+                        .into(),
+                ));
             } else {
                 decoded.check_supported().map_err(|e| bad(e.to_string()))?;
             }

@@ -66,6 +66,10 @@ pub struct Config {
     /// `resource.kubernetes.io/pcieRoot` comes from its link under `bus/pci/devices`.
     #[arg(long, env = env::SYSFS_ROOT, default_value = "/host/sys")]
     pub sysfs_root: PathBuf,
+    /// Offer whole GPUs and MIG devices to several claims: `disabled`, `memory`, `unlimited` or a
+    /// number of shares per device (the upstream driver's `--consumable-shares`).
+    #[arg(long, env = env::CONSUMABLE_SHARES, default_value = "disabled")]
+    pub consumable_shares: crate::consumable::ConsumableShares,
     /// Host directory of the per-GPU MPS control daemons (`<this>/<GPU UUID>`), mounted at the
     /// same path here; claims of shares with strategy MPS need their GPU's.
     #[arg(long, env = "MPS_ROOT", default_value = paths::MPS_ROOT)]

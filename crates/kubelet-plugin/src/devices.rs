@@ -80,6 +80,8 @@ pub struct DeviceTable {
     pub cuda_driver_version: (u32, u32),
     /// Devices by name.
     pub devices: BTreeMap<String, NodeDevice>,
+    /// Whether whole GPUs and MIG devices are offered to several claims at once.
+    pub consumable_shares: crate::consumable::ConsumableShares,
 }
 
 /// A MIG profile name as it appears in device names: lower case, dots dropped, anything outside
@@ -241,6 +243,7 @@ impl DeviceTable {
                 inventory.cuda_driver_version.minor,
             ),
             devices,
+            consumable_shares: Default::default(),
         }
     }
 }

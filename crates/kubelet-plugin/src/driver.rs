@@ -388,7 +388,9 @@ impl<C: ClaimSource> Driver<C> {
                 return Ok(Some(done));
             }
             for d in prepared.iter().filter(|d| !d.admin_access) {
-                if let Some(holder) = state.exclusive_holder(&claim.uid, &d.pool, &d.device) {
+                let shared = d.share_id.is_some();
+                if let Some(holder) = state.exclusive_holder(&claim.uid, &d.pool, &d.device, shared)
+                {
                     return Err(ClaimFailure::DeviceInUse {
                         device: d.device.clone(),
                         holder: holder.to_string(),
@@ -846,8 +848,14 @@ mod tests {
         );
     }
 
-    /// A claim holding a share of `device` (10 GiB of a 40 GiB card) with the class's strategy.
-    fn share(name: &str, uid: &str, device: &str, strategy: &str) -> ResourceClaim {
+    /// A claim holding share `share-<uid>` of `device`, having consumed `consumed`, with `config`.
+    fn held_share(
+        name: &str,
+        uid: &str,
+        device: &str,
+        consumed: serde_json::Value,
+        config: serde_json::Value,
+    ) -> ResourceClaim {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -855,13 +863,25 @@ mod tests {
             "spec": {"devices": {}},
             "status": {"allocation": {"devices": {
                 "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device,
-                             "shareID": format!("share-{uid}"), "consumedCapacity": {"memory": "10Gi"}}],
-                "config": [{"source": "FromClass", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
-                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                    "sharing": {"strategy": strategy}}}}],
+                             "shareID": format!("share-{uid}"), "consumedCapacity": consumed}],
+                "config": config,
             }}},
         }))
         .unwrap()
+    }
+
+    /// A claim holding a share of `device` (10 GiB of a 40 GiB card) with the class's strategy.
+    fn share(name: &str, uid: &str, device: &str, strategy: &str) -> ResourceClaim {
+        let config = serde_json::json!([{"source": "FromClass", "requests": [], "opaque": {"driver": DRIVER,
+            "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": strategy}}}}]);
+        held_share(
+            name,
+            uid,
+            device,
+            serde_json::json!({"memory": "10Gi"}),
+            config,
+        )
     }
 
     #[tokio::test]
@@ -1015,6 +1035,60 @@ mod tests {
         assert!(failed.is_empty(), "{failed:?}");
         assert_eq!(slicer.last("GPU-1"), Some(Interval::Long));
         assert_eq!(slicer.last("GPU-6"), Some(Interval::Default));
+    }
+
+    /// A claim holding one of the consumable shares of whole device `device`, with `sharing` as
+    /// its config when given.
+    fn consumed(
+        name: &str,
+        uid: &str,
+        device: &str,
+        sharing: Option<serde_json::Value>,
+    ) -> ResourceClaim {
+        let config = sharing.map_or_else(Vec::new, |sharing| {
+            vec![serde_json::json!({"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER,
+                "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}})]
+        });
+        held_share(
+            name,
+            uid,
+            device,
+            serde_json::json!({"shares": "1"}),
+            config.into(),
+        )
+    }
+
+    #[tokio::test]
+    async fn consumable_shares_of_a_gpu_prepare_together_but_mps_is_refused() {
+        let (dir, claims) = setup();
+        claims.put(consumed("c1", "u1", "gpu-1", None));
+        claims.put(consumed("c2", "u2", "gpu-1", None));
+        claims.put(exclusive("whole", "u3", &["gpu-1"]));
+        claims.put(consumed(
+            "mps",
+            "u4",
+            "gpu-2",
+            Some(serde_json::json!({"strategy": "MPS"})),
+        ));
+        let (d, _) = driver(dir.path(), &claims);
+        let answers = d.prepare(vec![cref("c1", "u1"), cref("c2", "u2")]).await;
+        assert!(answers.values().all(Result::is_ok), "{answers:?}");
+        assert_eq!(d.consumers()["GPU-1"], ["ns/c1", "ns/c2"]);
+        let whole = d.prepare(vec![cref("whole", "u3")]).await;
+        assert!(
+            whole["u3"]
+                .as_ref()
+                .unwrap_err()
+                .contains("device gpu-1 is already prepared"),
+            "{whole:?}"
+        );
+        let mps = d.prepare(vec![cref("mps", "u4")]).await;
+        let refused = mps["u4"].as_ref().unwrap_err();
+        assert!(
+            refused
+                .contains("MPS sharing is not supported on a device offered as consumable shares"),
+            "{refused}"
+        );
     }
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 //! prepare/unprepare core with its checkpoint and CDI specs, and the ResourceSlices of a node.
 //!
 //! Pure decisions: [`claim`] (what a ResourceClaim asks of this node), [`slices`] (the slices of
-//! a device table), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
+//! a device table) with [`consumable`] (devices many claims consume), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
 //! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory),
 //! [`sharing`] (which GPUs are published in shares for GPU classes),
 //! [`device_health`] (taints and the kubelet's health stream from the GPUs' health).
@@ -20,6 +20,7 @@ pub mod checkpoint;
 pub mod claim;
 pub mod client;
 pub mod config;
+pub mod consumable;
 pub mod device_health;
 pub mod devices;
 pub mod driver;

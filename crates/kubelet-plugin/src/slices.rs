@@ -4,6 +4,7 @@
 //! slices past the per-slice device limit. Attribute names and types follow the upstream driver:
 //! bare names live in the driver's domain (`gpu.nvidia.com`).
 
+use crate::consumable;
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
 use crate::sharing::Share;
 use api::gpuclass::SharingStrategy;
@@ -175,12 +176,26 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
             }
         }
     }
-    Device {
+    let mut published = Device {
         name: device.name.clone(),
         attributes: Some(attributes),
         capacity: (!capacity.is_empty()).then_some(capacity),
         ..Default::default()
+    };
+    match &device.kind {
+        DeviceKind::Gpu { memory_bytes } => {
+            consumable::offer(&mut published, *memory_bytes, table.consumable_shares);
+        }
+        DeviceKind::Mig(m) => {
+            consumable::offer(
+                &mut published,
+                Some(m.memory_bytes),
+                table.consumable_shares,
+            );
+        }
+        DeviceKind::Share(_) => {}
     }
+    published
 }
 
 /// One unit of the counter of `gpu`'s counter set.
@@ -498,6 +513,55 @@ mod tests {
             share_bytes: 10 << 30,
             strategy: SharingStrategy::TimeSlicing,
         }
+    }
+
+    #[test]
+    fn consumable_shares_open_whole_gpus_and_mig_devices_but_not_class_shares() {
+        let mut table = table(2);
+        table.consumable_shares = crate::consumable::ConsumableShares::Shares(3);
+        let mig = crate::testutil::mig("1g.5gb", 4864);
+        let mig_device = NodeDevice {
+            name: "gpu-1-mig-1g5gb-19-0".into(),
+            kind: DeviceKind::Mig(mig),
+            ..table.devices["gpu-1"].clone()
+        };
+        table.devices.insert(mig_device.name.clone(), mig_device);
+        table.devices.remove("gpu-1");
+        let slices = desired_slices(
+            &node(),
+            "gpu.nvidia.com",
+            &table,
+            &[share("gpu-0", "a100")],
+            &Taints::new(),
+            1,
+        );
+        let devices = slices[0].spec.devices.clone().unwrap();
+        let shares = |d: &Device| {
+            d.capacity
+                .as_ref()
+                .and_then(|c| c.get("shares"))
+                .map(|c| c.value.0.clone())
+        };
+        let by_name: BTreeMap<_, _> = devices.iter().map(|d| (d.name.as_str(), d)).collect();
+        for name in ["gpu-0", "gpu-1-mig-1g5gb-19-0"] {
+            assert_eq!(
+                by_name[name].allow_multiple_allocations,
+                Some(true),
+                "{name}"
+            );
+            assert_eq!(shares(by_name[name]).as_deref(), Some("3"), "{name}");
+        }
+        assert_eq!(
+            by_name["gpu-1-mig-1g5gb-19-0"].capacity.as_ref().unwrap()["memory"]
+                .value
+                .0,
+            "4864Mi"
+        );
+        assert_eq!(
+            shares(by_name["gpu-0-shared-a100"]),
+            None,
+            "a class's share keeps its own capacity"
+        );
     }
 
     #[test]

@@ -57,6 +57,7 @@ pub fn table(n: u32) -> DeviceTable {
         driver_version: "580.95.05".into(),
         cuda_driver_version: (13, 0),
         devices: (0..n).map(|m| (format!("gpu-{m}"), gpu(m))).collect(),
+        consumable_shares: Default::default(),
     }
 }
 
