@@ -281,6 +281,8 @@ pub mod env {
     pub const HTTP_ENDPOINT: &str = "HTTP_ENDPOINT";
     /// Plugin env: feature gates, `Name=bool` pairs.
     pub const FEATURE_GATES: &str = "FEATURE_GATES";
+    /// GPU plugin env: `disabled`, `memory`, `unlimited` or a number of shares per device.
+    pub const CONSUMABLE_SHARES: &str = "CONSUMABLE_SHARES";
     /// The validator's `driver-ready` file a plugin reads its roots from.
     pub const DRIVER_READY_FILE: &str = "DRIVER_READY_FILE";
     /// The folder whose `proc/` a plugin reads MIG capabilities from.

@@ -295,6 +295,14 @@ pub struct GpusSpec {
     #[serde(default)]
     #[schemars(extend("default" = {}))]
     pub kubelet_plugin: KubeletPluginSpec,
+    /// Whether several claims may be allocated one whole GPU or MIG device, the upstream driver's
+    /// `consumableShares`: `disabled` (the default), `memory` (claims consume the device's memory;
+    /// one asking for none takes all of it), `unlimited` (any number of claims), or a number of
+    /// `shares` per device (a claim asking for none takes all of them). Needs the apiserver's
+    /// DRAConsumableCapacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(disabled|memory|unlimited|[1-9][0-9]{0,5})$"))]
+    pub consumable_shares: Option<String>,
 }
 
 /// ComputeDomain support of the DRA driver.

@@ -55,7 +55,7 @@ impl Feature {
                  giving it out, and claims cannot tolerate device taints"
             }
             Feature::ConsumableCapacity => {
-                "a GPU cannot be shared by several claims (shared GPU classes)"
+                "a GPU cannot be shared by several claims (shared GPU classes, consumableShares)"
             }
             Feature::PartitionableDevices => {
                 "no GPU is published in shares (GPUClass shared variants), and MIG partitions \

@@ -242,6 +242,9 @@ fn gpus_container(spec: &GPUClusterSpec, image: &str, pull: &str, kubelet_root: 
     if !gates.is_empty() {
         env.push((e::FEATURE_GATES, gates.as_str()));
     }
+    if let Some(mode) = &spec.dra_driver.gpus.consumable_shares {
+        env.push((e::CONSUMABLE_SHARES, mode.as_str()));
+    }
     let container = PluginContainer {
         name: "gpus",
         command: json!(["gpu-kubelet-plugin"]),
