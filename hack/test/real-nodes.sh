@@ -960,7 +960,10 @@ wait_until 90 no_mig_specs || fail "MIG claims' CDI specs left after their pods 
 
 # Faults for both plugins' NVML on real-gpu-1 come from a control file of the mock in the node's own
 # folder, named to the plugins through the GPUCluster (as an admin sets env), with a short recovery
-# period. The DRA plugin's pods are replaced for the new env.
+# period. The DRA plugin's pods are replaced for the new env; in the same edit (the full run: 1.34's
+# apiserver serves consumable capacity only as alpha) whole GPUs are offered as 2 consumable shares.
+shares_mode=disabled
+full && shares_mode=2
 faults="$CLUSTER_DIR/nodes/real-gpu-1/var/lib/kubelet/mock-nvml-faults.json"
 mock_faults() { # FAULTS (JSON object)
   printf '{"profile": "l4", "gpu_count": 2, "visible_dev_dir": "/dev", "faults": %s}\n' "$1" >"$faults.tmp"
@@ -971,17 +974,21 @@ fault_env='[{"name": "MOCK_NVML_CONFIG", "value": "/host/var/lib/kubelet/mock-nv
   {"name": "HEALTH_RECOVERY_PERIOD", "value": "5"}, {"name": "HEALTH_PROBE_INTERVAL", "value": "1"}]'
 old_plugin="$(plugin_on real-gpu-1 | cut -d' ' -f1)"
 k patch gpucluster gpu-cluster --type merge -p "{\"spec\": {\"devicePlugin\": {\"env\": $fault_env},
-  \"draDriver\": {\"gpus\": {\"kubeletPlugin\": {\"env\": $fault_env}}}}}" >/dev/null
+  \"draDriver\": {\"gpus\": {\"consumableShares\": \"$shares_mode\", \"kubeletPlugin\": {\"env\": $fault_env}}}}}" >/dev/null
 replaced() { local p; p="$(plugin_on real-gpu-1)"; [[ -n "$p" && "$p" != "$old_plugin "* && "$p" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
 wait_until 120 replaced || fail "the DRA plugin on real-gpu-1 was not replaced for its new env: $(plugin_on real-gpu-1 | tr '\n' ' ')"
 
-# Device health through the real kubelet: a double-bit ECC error on the GPU of a running pod taints
-# that device NoSchedule (the pod keeps running) and the plugin's health stream makes the kubelet
-# show the device unhealthy in the pod's status; after the recovery period both are healthy again.
-# claimed_pod NAME CLASS: a ResourceClaim NAME of one CLASS device and a pod NAME on real-gpu-1 that
-# names it (the kubelet shows device health only for claims a pod names: none for a claim made from
-# a template on kubelet 1.34, none for the claim the scheduler makes for an extended resource).
+# Consumable shares as upstream documents them: claims asking for `shares: 1` of one L4 (pinned by
+# its UUID) land on it together until its 2 shares are used; a third waits, and so does a claim
+# asking for the whole GPU (it would take every share); once a share is freed the third runs.
+# claimed_pod NAME CLASS [CEL [SHARES]]: a ResourceClaim NAME of one CLASS device (matching CEL,
+# consuming SHARES) and a pod NAME on real-gpu-1 that names it (the kubelet shows device health only
+# for claims a pod names: none for a claim made from a template on kubelet 1.34, none for the claim
+# the scheduler makes for an extended resource).
 claimed_pod() {
+  local extra=""
+  [[ -z "${3:-}" ]] || extra+=", selectors: [{cel: {expression: '$3'}}]"
+  [[ -z "${4:-}" ]] || extra+=", capacity: {requests: {shares: \"$4\"}}"
   k apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -990,7 +997,7 @@ spec:
   devices:
     requests:
     - name: gpu
-      exactly: {deviceClassName: $2, count: 1}
+      exactly: {deviceClassName: $2, count: 1$extra}
 ---
 apiVersion: v1
 kind: Pod
@@ -1007,6 +1014,47 @@ spec:
       claims: [{name: $1}]
 EOF
 }
+if full; then
+  l4="$(slice_uuids real-gpu-1 | sort | head -1)"
+  on_l4="device.attributes[\"gpu.nvidia.com\"].uuid == \"$l4\""
+  offered() { k get resourceslices --field-selector spec.nodeName=real-gpu-1,spec.driver=gpu.nvidia.com \
+    -o jsonpath="{.items[*].spec.devices[?(@.attributes.uuid.string==\"$l4\")].capacity.shares.value}"; }
+  multi_allocatable() { k get resourceslices --field-selector spec.nodeName=real-gpu-1,spec.driver=gpu.nvidia.com \
+    -o jsonpath='{.items[*].spec.devices[*].allowMultipleAllocations}' | grep -q true; }
+  wait_until 60 multi_allocatable || fail "real-gpu-1's GPUs are not offered as consumable shares: '$(offered)'"
+  claimed_pod cs-a gpu.nvidia.com "$on_l4" 1
+  claimed_pod cs-b gpu.nvidia.com "$on_l4" 1
+  two_shares() { running cs-a && running cs-b; }
+  if wait_until 120 two_shares; then
+    ids="$(k -n default get resourceclaim cs-a cs-b -o jsonpath='{range .items[*]}{.status.allocation.devices.results[0].device}/{.status.allocation.devices.results[0].shareID} {end}')"
+    pass "cs-a and cs-b run on one L4 ($l4, $(offered) shares) with shares: 1 each: $ids"
+    claimed_pod cs-c gpu.nvidia.com "$on_l4" 1
+    claimed_pod cs-whole gpu.nvidia.com "$on_l4"
+    sleep 10
+    if [[ "$(pod_phase cs-c)" == Pending && "$(pod_phase cs-whole)" == Pending ]]; then
+      pass "with both shares used, a third share claim and a whole-GPU claim for that L4 wait (Pending)"
+    else
+      fail "with both shares used: cs-c $(pod_phase cs-c), cs-whole $(pod_phase cs-whole)"
+    fi
+    k -n default delete pod cs-a --wait=false >/dev/null
+    k -n default delete resourceclaim cs-a --wait=false >/dev/null
+    if wait_until 90 running cs-c && [[ "$(pod_phase cs-whole)" == Pending ]]; then
+      pass "once cs-a's share is freed cs-c runs on it; the whole-GPU claim still waits"
+    else
+      fail "after cs-a went: cs-c $(pod_phase cs-c), cs-whole $(pod_phase cs-whole)"
+    fi
+  else
+    fail "share claims: cs-a $(pod_phase cs-a), cs-b $(pod_phase cs-b): $(k -n default describe pod cs-b | tail -4 | tr '\n' ' ')"
+  fi
+  k -n default delete pod cs-a cs-b cs-c cs-whole --ignore-not-found --wait=false >/dev/null
+  k -n default delete resourceclaim cs-a cs-b cs-c cs-whole --ignore-not-found --wait=false >/dev/null
+  cs_gone() { [[ -z "$(k -n default get pods cs-b cs-c cs-whole --ignore-not-found -o name)" ]]; }
+  wait_until 60 cs_gone || fail "share pods left: $(k -n default get pods --no-headers | grep cs- | tr '\n' ' ')"
+fi
+
+# Device health through the real kubelet: a double-bit ECC error on the GPU of a running pod taints
+# that device NoSchedule (the pod keeps running) and the plugin's health stream makes the kubelet
+# show the device unhealthy in the pod's status; after the recovery period both are healthy again.
 claimed_pod sick gpu.nvidia.com
 # Beside it (not in the subset: 1.34 publishes no shares), a pod on a share of the other L4, through
 # a GPUClass's shared variant: a share device is in the health stream like a whole one.
