@@ -547,7 +547,7 @@ spec:
       limits: {${RESOURCE:-nvidia.com/gpu}: 1}
 EOF
 }
-# shared_h100s: GPUClass h100s, the H100s in shares of 2.
+# shared_h100s [STRATEGY]: GPUClass h100s, the H100s in shares of 2 (TimeSlicing unless STRATEGY).
 shared_h100s() {
   k apply -f - >/dev/null <<EOF
 apiVersion: gpu-operator-rs.dev/v1alpha1
@@ -557,7 +557,7 @@ spec:
   selector:
     matchLabels: {gpu-operator-rs.dev/device: h100-80gb-hbm3}
   variants:
-    shared: {shares: 2}
+    shared: {shares: 2, strategy: ${1:-TimeSlicing}}
 EOF
 }
 gpu_pod gpu-workload real-gpu-0 1
@@ -669,6 +669,66 @@ else
   fail "GPUClass h100s counts '$(k get gpuclass h100s -o jsonpath='{.status.variants}')' shares"
 fi
 k delete gpuclass h100s --wait=false >/dev/null
+
+# The same shares through MPS with the control daemons an admin runs, one per H100 with its pipe
+# directory at /run/nvidia/mps/<GPU UUID> (docs/gpu-classes.md), here the driver's stand-in run
+# inside the node (whose /run is its own folder's run/). Each pod gets its daemon's pipe directory and its half of the card as limits in
+# its environment, and reaches that daemon with the driver's client, which CDI mounted.
+class_gone() { ! k get gpuclass h100s >/dev/null 2>&1 && [[ "$(slice_devices real-gpu-0 | grep -c shared)" == 0 ]]; }
+wait_until 60 class_gone || fail "GPUClass h100s still there or its shares still published"
+mps_daemons=()
+mps_root="$CLUSTER_DIR/nodes/real-gpu-0/run/nvidia/mps"
+mps_uuids="$(slice_uuids real-gpu-0 | sort -u)"
+for uuid in $mps_uuids; do
+  "$HACK_DIR/cluster" node-exec real-gpu-0 env "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps/$uuid" \
+    "CUDA_MPS_LOG_DIRECTORY=/run/nvidia/mps/$uuid/log" nvidia-cuda-mps-control -f >/dev/null 2>&1 &
+  mps_daemons+=("$!")
+done
+daemons_up() { local u; for u in $mps_uuids; do [[ -S "$mps_root/$u/control" ]] || return 1; done; }
+wait_until 30 daemons_up || fail "the admin's MPS control daemons did not start: $(find "$mps_root" 2>&1 | tr '\n' ' ')"
+shared_h100s MPS
+both_mps() { running mps-a && running mps-b && [[ "$(k -n default logs mps-b | grep -c .)" -ge 4 ]]; }
+if wait_until 60 shares_published; then
+  for pod in mps-a mps-b; do
+    RESOURCE=gpu-operator-rs.dev/h100s-shared resource_pod "$pod" "" \
+      "env | grep ^CUDA_MPS_ | sort; echo get_default_active_thread_percentage | nvidia-cuda-mps-control; sleep 20"
+  done
+  if wait_until 120 both_mps; then
+    for pod in mps-a mps-b; do
+      log="$(k -n default logs "$pod" | tr '\n' ' ')"
+      # Half the card's memory, as a share of its threads too (49 where the half is rounded down).
+      if [[ "$log" =~ CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=(49|50)\  && "$log" == *"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="* \
+        && "$log" == *"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps "* && "$log" == *" 100.0 "* ]]; then
+        pass "$pod on $(share_of "$pod" | cut -d' ' -f1) runs under MPS: $log"
+      else
+        fail "$pod under MPS saw: $log"
+      fi
+    done
+    asked="$(cat "$mps_root"/GPU-*/log/control.log 2>/dev/null | grep -c 'Command: get_default_active_thread_percentage' || true)"
+    if [[ "$asked" == 2 ]]; then
+      pass "the admin's daemons logged the 2 pods' queries"
+    else
+      fail "the admin's daemons logged $asked queries, not 2"
+    fi
+  else
+    fail "the MPS-shared pods are $(pod_phase mps-a) and $(pod_phase mps-b): $(k -n default describe pod mps-b | tail -4 | tr '\n' ' ')"
+  fi
+else
+  fail "GPUClass h100s (MPS) counts '$(k get gpuclass h100s -o jsonpath='{.status.variants}')' shares"
+fi
+k -n default delete pod mps-a mps-b --ignore-not-found --wait=false >/dev/null
+k delete gpuclass h100s --wait=false >/dev/null
+for uuid in $mps_uuids; do
+  echo quit | "$HACK_DIR/cluster" node-exec real-gpu-0 env "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps/$uuid" \
+    nvidia-cuda-mps-control >/dev/null 2>&1 || true
+done
+mps_stopped() { local p; for p in "${mps_daemons[@]}"; do ! kill -0 "$p" 2>/dev/null || return 1; done; }
+if ! wait_until 30 mps_stopped; then
+  fail "the admin's MPS control daemons did not quit"
+  kill "${mps_daemons[@]}" 2>/dev/null || true
+fi
+for uuid in $mps_uuids; do rm -rf "${mps_root:?}/${uuid:?}"; done
+wait_until 60 class_gone || fail "GPUClass h100s (MPS) still there or its shares still published"
 fi
 
 gpu_pod two-gpus real-gpu-1 2
