@@ -5,6 +5,15 @@
 //! break the checksum. A checkpoint from another boot is discarded (after a reboot nothing is
 //! prepared any more); a corrupted one is moved aside and the plugin starts empty.
 //!
+//! Compatibility across plugin versions (upgrades and downgrades under prepared claims):
+//! - A field an older build may ignore without harm is added as optional (`serde(default)`) and
+//!   keeps [`VERSION`]; older builds of that version read the file and skip it.
+//! - Anything an older build would misread or must not ignore (a renamed or retyped field, a duty
+//!   it would drop) raises [`VERSION`]; this build keeps reading every earlier version.
+//! - A file of a version newer than this build's is refused at start with an error that names
+//!   it: never discarded or moved aside, since the claims in it are still prepared. Rolling
+//!   forward again (or moving the file away by hand) is the way out.
+//!
 //! Writes are atomic (a temp file renamed over the old one) and not fsynced. Crash analysis:
 //! - A crash of the plugin (SIGKILL, OOM, a container restart) keeps the kernel's page cache, so
 //!   every write that returned is what the restarted plugin reads: the rename makes it whole or
@@ -155,8 +164,11 @@ pub enum DecodeError {
     /// Not the envelope.
     #[error("not a checkpoint envelope: {0}")]
     Envelope(String),
-    /// Written by a format this build does not know.
-    #[error("checkpoint version {0} is not supported (this build reads {VERSION})")]
+    /// Written by a newer build, in a format this build does not know.
+    #[error("checkpoint version {0} is newer than this build reads (up to {VERSION})")]
+    Newer(u32),
+    /// A version no build writes.
+    #[error("checkpoint version {0} does not exist")]
     Version(u32),
     /// The payload does not match its checksum.
     #[error("checksum mismatch: stored {stored}, computed {computed}")]
@@ -200,8 +212,11 @@ pub fn encode(checkpoint: &Checkpoint) -> Vec<u8> {
 pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
     let envelope: Envelope =
         serde_json::from_slice(bytes).map_err(|e| DecodeError::Envelope(e.to_string()))?;
-    if envelope.version != VERSION {
-        return Err(DecodeError::Version(envelope.version));
+    match envelope.version {
+        v if v > VERSION => return Err(DecodeError::Newer(v)),
+        // Readers of earlier versions go here as the format moves on.
+        VERSION => {}
+        v => return Err(DecodeError::Version(v)),
     }
     let computed = sha256_hex(envelope.payload.get().as_bytes());
     if computed != envelope.checksum {
@@ -315,13 +330,25 @@ impl CheckpointStore {
         &self.boot_id
     }
 
-    /// Loads the checkpoint, moving a corrupted file aside (never failing on bad content).
+    /// Loads the checkpoint, moving a corrupted file aside. Fails on a file a newer build wrote
+    /// (leaving it in place), on no other content.
     pub fn load(&self) -> io::Result<(Checkpoint, LoadOutcome)> {
         let stored = match std::fs::read(&self.path) {
             Ok(bytes) => Some(decode(&bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
+        if let Some(Err(DecodeError::Newer(version))) = &stored {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "checkpoint {} was written by a newer plugin (format {version}; this build reads up to {VERSION}): \
+                     its claims are still prepared, so it is left as it is. Roll the plugin forward \
+                     again, or move the file away to start without them",
+                    self.path.display()
+                ),
+            ));
+        }
         let written_before_boot = match (self.boot_time, &stored) {
             (Some(boot), Some(Err(_))) => std::fs::metadata(&self.path)
                 .and_then(|m| m.modified())
@@ -442,17 +469,11 @@ mod tests {
         let text = String::from_utf8(encode(&sample()))
             .unwrap()
             .replace("\"version\":1", "\"version\":9");
-        assert_eq!(decode(text.as_bytes()), Err(DecodeError::Version(9)));
-    }
-
-    #[test]
-    fn unknown_payload_fields_keep_the_checksum_valid() {
-        let payload = r#"{"bootId":"b","claims":{},"addedLater":true}"#;
-        let envelope = format!(
-            r#"{{"version":1,"checksum":"{}","payload":{payload}}}"#,
-            sha256_hex(payload.as_bytes())
-        );
-        assert_eq!(decode(envelope.as_bytes()).unwrap(), Checkpoint::empty("b"));
+        assert_eq!(decode(text.as_bytes()), Err(DecodeError::Newer(9)));
+        let text = String::from_utf8(encode(&sample()))
+            .unwrap()
+            .replace("\"version\":1", "\"version\":0");
+        assert_eq!(decode(text.as_bytes()), Err(DecodeError::Version(0)));
     }
 
     #[test]
@@ -505,6 +526,46 @@ mod tests {
             cp.exclusive_holder("uid-t", "node-a", "gpu-3-shared-a", true),
             Some("uid-s"),
             "a GPU class's share of a GPU other claims consume"
+        );
+    }
+
+    /// Re-envelopes `payload` (JSON) as `version`, with its checksum.
+    fn envelope(version: u32, payload: &str) -> String {
+        format!(
+            r#"{{"version":{version},"checksum":"{}","payload":{payload}}}"#,
+            sha256_hex(payload.as_bytes())
+        )
+    }
+
+    #[test]
+    fn fields_a_later_build_added_within_the_version_are_skipped_checksum_intact() {
+        let mut payload: serde_json::Value = serde_json::to_value(sample()).unwrap();
+        payload["claims"]["uid-a"]["mpsDaemon"] = serde_json::json!({"pod": "mps-uid-a"});
+        payload["laterField"] = serde_json::json!(true);
+        let text = envelope(VERSION, &payload.to_string());
+        assert_eq!(decode(text.as_bytes()).unwrap(), sample());
+    }
+
+    #[test]
+    fn a_newer_builds_checkpoint_is_refused_and_left_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path(), "boot-1");
+        let payload = serde_json::to_string(&sample()).unwrap();
+        let newer = envelope(VERSION + 1, &payload);
+        std::fs::write(store.path(), &newer).unwrap();
+        let err = store.load().unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains(&store.path().display().to_string())
+                && message.contains(&format!("format {}", VERSION + 1))
+                && message.contains("Roll the plugin forward"),
+            "{message}"
+        );
+        assert_eq!(std::fs::read_to_string(store.path()).unwrap(), newer);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "nothing moved aside"
         );
     }
 
