@@ -430,7 +430,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (offers_tx, offers_rx) = watch::channel(Vec::new());
     let health_stream = HealthStream::new(Arc::clone(&table), &config.node_name, view_rx.clone())
         .with_shares(offers_rx.clone());
-    tokio::spawn(crate::sharing::follow_classes(client.clone(), offers_tx));
+    tokio::spawn(crate::class_watch::follow_classes(
+        client.clone(),
+        offers_tx,
+    ));
 
     let shutdown = service::shutdown::Shutdown::on_signal();
     let paths = SocketPaths::new(

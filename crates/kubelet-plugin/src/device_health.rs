@@ -17,8 +17,8 @@
 //! `UNKNOWN` for every device.
 
 use crate::devices::DeviceTable;
+use crate::devices::Share;
 use crate::proto::{health_v1, health_v1alpha1 as pb};
-use crate::sharing::Share;
 use api::contract::taints;
 use api::gpuclass::variants::SharedOffer;
 use futures::StreamExt;

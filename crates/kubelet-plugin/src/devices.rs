@@ -58,6 +58,23 @@ pub struct ShareUse {
     pub share_id: Option<String>,
 }
 
+/// The shares of one GPU for one class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    /// The device name, `gpu-<minor>-shared-<class>`.
+    pub name: String,
+    /// The full GPU's device name.
+    pub gpu: String,
+    /// The class they are published for.
+    pub class: String,
+    /// Memory of the card.
+    pub card_bytes: u64,
+    /// Memory one claim consumes unless it asks for more.
+    pub share_bytes: u64,
+    /// How the pods on the card are kept apart.
+    pub strategy: api::gpuclass::SharingStrategy,
+}
+
 /// One allocatable device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeDevice {

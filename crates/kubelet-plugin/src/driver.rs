@@ -21,9 +21,10 @@ use crate::checkpoint::{Checkpoint, CheckpointStore, ClaimEntry, ClaimState, Loa
 use crate::claim;
 use crate::devices::DeviceTable;
 use crate::ledger::{Ledger, Version};
-use crate::metrics::{Metrics, Operation};
+use crate::metrics::Metrics;
 use crate::opaque::Interval;
 use crate::time_slice::TimeSlicer;
+use crate::types::Operation;
 use crate::types::{ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::collections::{BTreeMap, BTreeSet};

@@ -18,6 +18,7 @@ pub mod app;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
+pub mod class_watch;
 pub mod client;
 pub mod config;
 pub mod consumable;

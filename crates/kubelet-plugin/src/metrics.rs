@@ -1,23 +1,15 @@
 //! Prometheus metrics of the prepare and unprepare paths: ours (`gpu_kubelet_plugin_*`) and,
 //! beside them, the upstream DRA driver's names ([`crate::upstream_metrics`]).
 
+use crate::types::Operation;
 use crate::upstream_metrics::{InFlight, UpstreamMetrics};
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::time::Duration;
-
-/// Which DRA call.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum Operation {
-    /// `NodePrepareResources`, per claim.
-    Prepare,
-    /// `NodeUnprepareResources`, per claim.
-    Unprepare,
-}
 
 /// Labels of the per-operation metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -16,7 +16,8 @@
 
 use crate::device_health::{self, HealthView};
 use crate::devices::DeviceTable;
-use crate::sharing::{self, Share};
+use crate::devices::Share;
+use crate::sharing;
 use crate::slices::{self, NodeRef, Taints};
 use api::gpuclass::variants::SharedOffer;
 use futures::{FutureExt, StreamExt};

@@ -5,34 +5,14 @@
 //! once: its `memory` capacity is the card's, and a claim that names no capacity consumes one
 //! share of it (the request policy's default). The GPU and its shares consume one counter of the
 //! GPU, so the scheduler never gives a whole-card claim a GPU whose shares are out, nor shares of
-//! a GPU given whole. Pure functions; the GPUClass watch that feeds them is [`follow_classes`].
+//! a GPU given whole. Pure functions; the GPUClass watch that feeds them is
+//! [`crate::class_watch::follow_classes`].
 
-use crate::devices::{DeviceKind, DeviceTable, shared_name};
+use crate::devices::{DeviceKind, DeviceTable, Share, shared_name};
 use crate::slices::slice_device;
 use api::GPUClass;
 use api::gpuclass::SharingStrategy;
 use api::gpuclass::variants::{SharedOffer, shared_offer};
-use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client};
-use tokio::sync::watch;
-
-/// The shares of one GPU for one class.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Share {
-    /// The device name, `gpu-<minor>-shared-<class>`.
-    pub name: String,
-    /// The full GPU's device name.
-    pub gpu: String,
-    /// The class they are published for.
-    pub class: String,
-    /// Memory of the card.
-    pub card_bytes: u64,
-    /// Memory one claim consumes unless it asks for more.
-    pub share_bytes: u64,
-    /// How the pods on the card are kept apart.
-    pub strategy: SharingStrategy,
-}
 
 /// The shares to publish: for every full GPU with known memory, one per offer that admits it and
 /// whose share fits the card. Offers are taken in the order given (the watch sorts them by class).
@@ -118,45 +98,6 @@ pub fn offers<'a>(classes: impl IntoIterator<Item = &'a GPUClass>) -> Vec<Shared
         .collect();
     offers.sort_by(|a, b| a.class.cmp(&b.class));
     offers
-}
-
-/// Follows the cluster's GPUClasses and sends their shared offers whenever those change. Runs
-/// until `tx` has no receiver; a missing CRD or a failing watch is retried with backoff.
-pub async fn follow_classes(client: Client, tx: watch::Sender<Vec<SharedOffer>>) {
-    let api: Api<GPUClass> = Api::all(client);
-    let (store, writer) = reflector::store();
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .boxed();
-    let mut warned = false;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
-            Ok(_) => {}
-            Err(e) => {
-                if !warned {
-                    tracing::info!(error = %e, "cannot watch GPUClasses (is the GPUClass CRD installed?); no GPU is shared until it can");
-                    warned = true;
-                }
-                continue;
-            }
-        }
-        let classes = store.state();
-        let now = offers(classes.iter().map(|c| c.as_ref()));
-        tx.send_if_modified(|current| {
-            if *current == now {
-                return false;
-            }
-            let names: Vec<&str> = now.iter().map(|o| o.class.as_str()).collect();
-            tracing::info!(classes = ?names, "GPU classes offering shares changed");
-            *current = now;
-            true
-        });
-        if tx.is_closed() {
-            return;
-        }
-    }
 }
 
 #[cfg(test)]

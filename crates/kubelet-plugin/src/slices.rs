@@ -5,8 +5,8 @@
 //! bare names live in the driver's domain (`gpu.nvidia.com`).
 
 use crate::consumable;
+use crate::devices::Share;
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
-use crate::sharing::Share;
 use api::gpuclass::SharingStrategy;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,

@@ -4,6 +4,17 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
 
+/// Which DRA call.
+#[derive(
+    Debug, Clone, Copy, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelValue,
+)]
+pub enum Operation {
+    /// `NodePrepareResources`, per claim.
+    Prepare,
+    /// `NodeUnprepareResources`, per claim.
+    Unprepare,
+}
+
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ClaimRef {

@@ -6,7 +6,7 @@
 //! a failed claim counts in `nvidia_dra_node_{prepare,unprepare}_errors_total` instead;
 //! `nvidia_dra_prepared_devices` counts the devices of completely prepared claims by type.
 
-use crate::metrics::Operation;
+use crate::types::Operation;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
