@@ -29,12 +29,12 @@ use crate::events::{self, QueueReason};
 use crate::handover::{self, Step};
 use crate::node_ops::{self, Eviction};
 use crate::offers;
-use crate::plan::{self, Cluster, GpuClaims, Hold, NodeFacts, Plan, ReadyPlanes, Rule};
+use crate::plan::{
+    self, Cluster, DEFERRED_RECHECK, GpuClaims, Hold, NodeFacts, Plan, ReadyPlanes, Rule,
+};
 
 /// Field manager of every write the labeler makes.
 pub const FIELD_MANAGER: &str = "gpu-operator-node-labeler";
-/// How often a node whose `dra-driver` removal is deferred is looked at again.
-pub const DEFERRED_RECHECK: Duration = Duration::from_secs(30);
 /// How often a node queued for a hand-over, or waiting for its plane to offer every GPU before
 /// its first readiness labels, is looked at again.
 pub const HANDOVER_RECHECK: Duration = Duration::from_secs(5);

@@ -5,9 +5,8 @@ use api::contract::labels as l;
 use api::handover::Handover;
 use kube::runtime::events::{Event, EventType};
 
-use crate::controller::DEFERRED_RECHECK;
 use crate::handover::Step;
-use crate::plan::Finding;
+use crate::plan::{DEFERRED_RECHECK, Finding};
 
 fn event(type_: EventType, reason: &str, note: String, action: &str) -> Event {
     Event {

@@ -2,11 +2,16 @@
 //! annotation changes that node needs. Pure; the controller does the I/O.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use api::AllocationMode;
 use api::contract::labels as l;
 use api::gpucluster::PlaneRule;
 use kube::core::{Selector, SelectorExt};
+
+/// How often a node whose plugin label's removal is deferred (a pod still holds one of its
+/// GPUs) is looked at again.
+pub const DEFERRED_RECHECK: Duration = Duration::from_secs(30);
 
 /// A plane-policy rule, ready to match nodes.
 #[derive(Clone, Debug)]
