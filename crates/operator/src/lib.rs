@@ -6,6 +6,7 @@ pub mod cleanup;
 pub mod controller;
 pub mod coverage;
 pub mod diff;
+pub mod events;
 pub mod features;
 pub mod pending;
 pub mod pod_creation;

@@ -1,9 +1,12 @@
 //! `gpu-operator`: reconciles the `GPUCluster` singleton into the DRA stack's operands.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use kube::runtime::events::Recorder;
+use operator::controller::discovery::FeatureCache;
 use operator::controller::{self, Metrics, Settings};
 use operator::render::DefaultImages;
 use service::leader::Election;
@@ -150,8 +153,17 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .then(|| Election::new(&args.namespace, "gpu-operator", &args.identity)),
     };
     process
-        .run(registry, |client, shutdown| {
-            controller::run(client, settings, metrics, shutdown.wait())
+        .run(registry, |client, shutdown| async move {
+            // The GPUCluster and GPUClass controllers share what the apiserver serves of DRA; the
+            // GPUClass controller and the pending-pod explainer live as long as the GPUCluster
+            // controller, which ends on shutdown.
+            let features = Arc::new(FeatureCache::new(client.clone()));
+            let recorder = || Recorder::new(client.clone(), controller::reporter());
+            tokio::select! {
+                () = controller::run(client.clone(), settings, metrics, features.clone(), shutdown.wait()) => {}
+                () = operator::classes::run(client.clone(), features, recorder()) => {}
+                () = operator::pending::run(client.clone(), recorder()) => {}
+            }
         })
         .await
 }

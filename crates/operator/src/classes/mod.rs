@@ -22,7 +22,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use crate::controller::discovery::FeatureCache;
-use crate::controller::publish_event;
+use crate::events::publish_event;
 use crate::features::Feature;
 
 pub mod render;
@@ -325,7 +325,7 @@ fn error_policy(class: Arc<GPUClass>, error: &Error, _ctx: Arc<Context>) -> Acti
 }
 
 /// Runs the GPUClass controller until the process stops.
-pub(crate) async fn run(client: kube::Client, features: Arc<FeatureCache>, recorder: Recorder) {
+pub async fn run(client: kube::Client, features: Arc<FeatureCache>, recorder: Recorder) {
     let (slices, writer) = reflector::store();
     let driver = format!("spec.driver={DRIVER_NAME}");
     let slice_changes = reflector::reflector(

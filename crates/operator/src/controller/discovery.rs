@@ -46,13 +46,20 @@ const FEATURES_RETRY: Duration = Duration::from_secs(60);
 const SERVED_FRESH: Duration = Duration::from_secs(60);
 
 /// The apiserver's DRA features as last probed, shared by the controllers.
-pub(crate) struct FeatureCache {
+pub struct FeatureCache {
     client: kube::Client,
     probed: tokio::sync::Mutex<Option<(Instant, Support)>>,
 }
 
+impl std::fmt::Debug for FeatureCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeatureCache").finish_non_exhaustive()
+    }
+}
+
 impl FeatureCache {
-    pub(crate) fn new(client: kube::Client) -> Self {
+    /// A cache that probes through `client` when first asked.
+    pub fn new(client: kube::Client) -> Self {
         FeatureCache {
             client,
             probed: tokio::sync::Mutex::new(None),

@@ -13,12 +13,13 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use kube::api::DynamicObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 
+use crate::events::publish_event;
 use crate::features::Feature;
 use crate::pod_creation;
 use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
@@ -26,7 +27,7 @@ use crate::status::{self, Observed, Problem};
 
 mod apply;
 mod cache;
-pub(crate) mod discovery;
+pub mod discovery;
 mod drain;
 mod error;
 mod metrics;
@@ -76,35 +77,6 @@ struct Context {
 impl Context {
     async fn event(&self, gc: &GPUCluster, type_: EventType, reason: &str, note: String) {
         publish_event(&self.recorder, &gc.object_ref(&()), type_, reason, note).await;
-    }
-}
-
-/// Publishes an Event about `regarding`; a failure is logged, never fatal.
-pub(crate) async fn publish_event(
-    recorder: &Recorder,
-    regarding: &k8s_openapi::api::core::v1::ObjectReference,
-    type_: EventType,
-    reason: &str,
-    mut note: String,
-) {
-    // The API rejects notes over 1 KiB; keep the start, which names the object.
-    if note.len() > 1000 {
-        let cut = (0..=1000)
-            .rev()
-            .find(|i| note.is_char_boundary(*i))
-            .unwrap_or(0);
-        note.truncate(cut);
-        note.push_str(" ...");
-    }
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, regarding).await {
-        tracing::warn!(error = %e, "publishing an event failed");
     }
 }
 
@@ -286,18 +258,24 @@ fn error_policy(_gc: Arc<GPUCluster>, error: &Error, ctx: Arc<Context>) -> Actio
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Who the operator's Events say reported them: its field manager and this replica's pod.
+pub fn reporter() -> Reporter {
+    Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    }
+}
+
+/// Runs the GPUCluster controller until `shutdown` resolves; `features` is the DRA feature cache
+/// it shares with the GPUClass controller.
 pub async fn run(
     client: kube::Client,
     settings: Settings,
     metrics: Metrics,
+    features: Arc<FeatureCache>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = settings.namespace.clone();
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
     // Whether a ClusterPolicy serves the device-plugin plane is known before the first render, so
     // a restart never puts our device plugin beside its operator's for a moment.
     let (mut cluster_policy, follow) =
@@ -307,25 +285,15 @@ pub async fn run(
     let changes = futures::stream::unfold(cluster_policy.clone(), |mut rx| async move {
         rx.changed().await.ok().map(|()| ((), rx))
     });
-    let pending_pods = crate::pending::run(
-        client.clone(),
-        Recorder::new(client.clone(), reporter.clone()),
-    );
     let (operands, writers) = cache::Operands::new(&ns);
-    let features = Arc::new(FeatureCache::new(client.clone()));
-    let gpu_classes = crate::classes::run(
-        client.clone(),
-        features.clone(),
-        Recorder::new(client.clone(), reporter.clone()),
-    );
     let ctx = Arc::new(Context {
         operands,
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(client.clone(), reporter()),
         client: client.clone(),
         settings,
         metrics,
         served: tokio::sync::Mutex::new(None),
-        features: features.clone(),
+        features,
         cluster_policy,
     });
     let mut controller = Controller::new(
@@ -345,11 +313,5 @@ pub async fn run(
         .reconcile_all_on(changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    // The pending-pod explainer and the GPUClass controller live as long as the GPUCluster
-    // controller (which ends on shutdown).
-    tokio::select! {
-        () = service::binary::drain_results(controller) => {}
-        () = pending_pods => {}
-        () = gpu_classes => {}
-    }
+    service::binary::drain_results(controller).await;
 }
