@@ -32,10 +32,11 @@ build: ## Build every binary and test target of the workspace
 # Every tracked shell script: `*.sh`, and any file whose first line is a bash or sh shebang.
 SHELL_SCRIPTS = $(sort $(shell git ls-files '*.sh') $(shell git ls-files -z | xargs -0 awk 'FNR == 1 && /^\#!.*[/ ](ba)?sh( |$$)/ { print FILENAME } { nextfile }'))
 
-lint: ## rustfmt, clippy and shellcheck, warnings are errors
+lint: ## rustfmt, clippy, shellcheck and the import-cycle check, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	shellcheck $(SHELL_SCRIPTS)
+	hack/import-cycles
 
 fmt: ## Format the code
 	$(CARGO) fmt --all
