@@ -143,7 +143,9 @@ spec:
   - name: main
     image: $IMAGE
     imagePullPolicy: Never
-    command: ["sh", "-c", "echo x | nc -w 5 \$KUBERNETES_SERVICE_HOST \$KUBERNETES_SERVICE_PORT >/dev/null && echo api-reachable \$KUBERNETES_SERVICE_HOST"]
+    # Until the node's kube-proxy has the Service's rules (a node just Ready may not yet): refused
+    # connections are retried for 20s, as the client below retries the server.
+    command: ["sh", "-c", "i=0; while [ \$i -lt 20 ]; do echo x | nc -w 3 \$KUBERNETES_SERVICE_HOST \$KUBERNETES_SERVICE_PORT >/dev/null && echo api-reachable \$KUBERNETES_SERVICE_HOST && exit 0; i=\$((i+1)); sleep 1; done; exit 1"]
 EOF
 if wait_until 90 pod_done api-check && [[ "$(phase api-check)" == Succeeded ]] &&
   k -n "$NS" logs api-check | grep -q "api-reachable $SERVICE_IP"; then
