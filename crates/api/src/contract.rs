@@ -283,6 +283,12 @@ pub mod env {
     pub const FEATURE_GATES: &str = "FEATURE_GATES";
     /// GPU plugin env: `disabled`, `memory`, `unlimited` or a number of shares per device.
     pub const CONSUMABLE_SHARES: &str = "CONSUMABLE_SHARES";
+    /// GPU plugin env: its pod's namespace, where it runs claims' MPS control daemons.
+    pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+    /// GPU plugin env: the image of claims' MPS control daemon pods (the plugin's own).
+    pub const MPS_CONTROL_DAEMON_IMAGE: &str = "MPS_CONTROL_DAEMON_IMAGE";
+    /// GPU plugin env: that image's pull policy.
+    pub const MPS_CONTROL_DAEMON_IMAGE_PULL_POLICY: &str = "MPS_CONTROL_DAEMON_IMAGE_PULL_POLICY";
     /// The validator's `driver-ready` file a plugin reads its roots from.
     pub const DRIVER_READY_FILE: &str = "DRIVER_READY_FILE";
     /// The folder whose `proc/` a plugin reads MIG capabilities from.

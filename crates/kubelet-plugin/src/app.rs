@@ -10,6 +10,8 @@ use crate::driver::{Driver, StartReport};
 use crate::grpc::DraService;
 use crate::health::HealthService;
 use crate::metrics::Metrics;
+use crate::mps::MpsDaemons;
+use crate::mps_pods::{PodDaemons, PodSettings};
 use crate::prefetch::PrefetchedClaims;
 use crate::publish::Publisher;
 use crate::registration::{RegistrationService, RegistrationState};
@@ -317,6 +319,35 @@ async fn publish(
 }
 
 /// Runs the plugin until SIGTERM/SIGINT.
+/// Where and how claims' MPS control daemon pods run, or why they cannot.
+fn mps_pod_settings(
+    config: &Config,
+    roots: &DriverPaths,
+    library: &Path,
+) -> Result<PodSettings, String> {
+    let (Some(namespace), Some(image)) = (&config.pod_namespace, &config.mps_control_daemon_image)
+    else {
+        return Err(format!(
+            "claims asking for MPS need {} and {} (the operator sets both)",
+            api::contract::env::POD_NAMESPACE,
+            api::contract::env::MPS_CONTROL_DAEMON_IMAGE
+        ));
+    };
+    Ok(PodSettings {
+        namespace: namespace.clone(),
+        node: config.node_name.clone(),
+        image: image.clone(),
+        pull_policy: config.mps_control_daemon_image_pull_policy.clone(),
+        driver_root: roots.driver_root.clone(),
+        binary: crate::mps_pods::find_binary(&roots.driver_root_ctr)?,
+        library_dir: library
+            .parent()
+            .and_then(|dir| dir.strip_prefix(&roots.driver_root_ctr).ok())
+            .map(Path::to_path_buf),
+        mps_root: config.mps_root.clone(),
+    })
+}
+
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let ready = match DriverReady::read(&config.driver_ready_file) {
         Ok(r) => Some(r),
@@ -390,11 +421,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The devices prepared claims hold: the publisher keeps a share in use published.
     let (held_tx, held_rx) = watch::channel(std::collections::BTreeSet::new());
     let slicer = crate::time_slice::NvidiaSmi::find(&roots.driver_root_ctr, &library);
+    let daemons: Arc<dyn MpsDaemons> = match mps_pod_settings(&config, &roots, &library) {
+        Ok(settings) => Arc::new(PodDaemons::new(
+            client.clone(),
+            settings,
+            &roots.driver_root_ctr,
+        )),
+        Err(why) => {
+            tracing::info!(%why, "claims asking for MPS will be refused");
+            Arc::new(crate::mps::Unavailable(why))
+        }
+    };
     let driver = Arc::new(
         driver
             .with_metrics(metrics.clone())
             .with_held_devices(held_tx)
-            .with_time_slicer(Arc::new(slicer)),
+            .with_time_slicer(Arc::new(slicer))
+            .with_mps_daemons(daemons),
     );
     for (gpu, error) in driver
         .settle_time_slices(&report.unsettled_time_slices)
@@ -408,6 +451,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if matches!(report.outcome, LoadOutcome::Corrupted { .. }) {
         rebuild(&client, &driver, &config.node_name).await;
+    }
+    for (claim, error) in driver.sweep_mps_daemons().await {
+        tracing::error!(%claim, %error, "could not stop the MPS control daemon of a claim that is not prepared");
     }
 
     // Device health: the NVML monitor's thread feeds the tracker, whose view the slices and the

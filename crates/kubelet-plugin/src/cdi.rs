@@ -11,6 +11,7 @@
 //! a claim whose required driver files or MIG capabilities are missing.
 
 use crate::devices::{DeviceKind, NodeDevice, ShareUse};
+use crate::mps::{self, MpsDaemon};
 use crate::opaque::Strategy;
 use api::contract::cdi::{CLASS, VENDOR};
 use api::contract::paths;
@@ -242,9 +243,14 @@ pub fn spec(kind: String, devices: Vec<Device>, container_edits: ContainerEdits)
 }
 
 /// The spec of a claim: per device its [`device_edits`] and env vars naming its UUID (and MIG
-/// profile); for the whole claim the [`driver_edits`] and `NVIDIA_VISIBLE_DEVICES` listing every
-/// device's UUID.
-pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView) -> Spec {
+/// profile); for the whole claim the [`driver_edits`], `NVIDIA_VISIBLE_DEVICES` listing every
+/// device's UUID and, for a claim with its own MPS control daemon, [`mps_edits`].
+pub fn claim_spec(
+    claim_uid: &str,
+    devices: &[&NodeDevice],
+    driver: &DriverView,
+    mps: Option<&MpsDaemon>,
+) -> Spec {
     let cdi_devices = devices
         .iter()
         .map(|d| {
@@ -273,7 +279,37 @@ pub fn claim_spec(claim_uid: &str, devices: &[&NodeDevice], driver: &DriverView)
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
     let mut edits = driver_edits(driver);
     edits.env = vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))];
+    if let Some(daemon) = mps {
+        mps_edits(claim_uid, daemon, driver, &mut edits);
+    }
     spec(format!("{VENDOR}/{CLASS}"), cdi_devices, edits)
+}
+
+/// What a claim's own MPS control daemon adds to its containers: its pipe and log directories
+/// and its limits in their environment.
+fn mps_edits(claim_uid: &str, daemon: &MpsDaemon, driver: &DriverView, edits: &mut ContainerEdits) {
+    edits.env.push(format!(
+        "CUDA_MPS_PIPE_DIRECTORY={}",
+        paths::MPS_PIPE_CTR_PATH
+    ));
+    edits
+        .env
+        .push(format!("CUDA_MPS_LOG_DIRECTORY={}", mps::LOG_CTR_PATH));
+    edits.env.extend(
+        daemon
+            .limits_env()
+            .into_iter()
+            .map(|(name, value)| format!("{name}={value}")),
+    );
+    for (host, inside) in mps::container_dirs(&driver.mps_root, claim_uid) {
+        edits.mounts.push(Mount {
+            host_path: text(&host),
+            container_path: inside.to_owned(),
+            options: ["rw", "nosuid", "nodev", "bind"]
+                .map(str::to_owned)
+                .to_vec(),
+        });
+    }
 }
 
 /// What a share adds: `NVIDIA_DRA_SHARING_<device>` naming the strategy and, for MPS, the
@@ -530,11 +566,16 @@ impl CdiWriter {
     /// Writes a claim's spec atomically and returns its path. No fsync: a spec only matters
     /// within this boot (after a reboot the checkpoint is discarded and claims are prepared
     /// again), and the rename alone keeps readers and a crashed plugin from a partial file.
-    pub fn write(&self, claim_uid: &str, devices: &[&NodeDevice]) -> Result<PathBuf, WriteError> {
+    pub fn write(
+        &self,
+        claim_uid: &str,
+        devices: &[&NodeDevice],
+        mps: Option<&MpsDaemon>,
+    ) -> Result<PathBuf, WriteError> {
         let driver = self.driver_view(devices)?;
         Ok(self.write_spec(
             &file_name(claim_uid),
-            &claim_spec(claim_uid, devices, &driver),
+            &claim_spec(claim_uid, devices, &driver, mps),
         )?)
     }
 
@@ -644,7 +685,7 @@ mod tests {
         gpu_discovery::testing::install_mig_caps(&roots.driver_root, 1, 13, 0, (120, 121));
         let writer =
             CdiWriter::new(&dir.path().join("cdi"), &roots).with_procfs_root(&roots.driver_root);
-        let yaml = std::fs::read_to_string(writer.write("u1", devices).unwrap()).unwrap();
+        let yaml = std::fs::read_to_string(writer.write("u1", devices, None).unwrap()).unwrap();
         let paths = host_paths(&yaml);
         assert!(paths.len() > 20, "{yaml}");
         for path in &paths {
@@ -683,7 +724,7 @@ mod tests {
             mig_caps: BTreeMap::new(),
             mps_root: paths::MPS_ROOT.into(),
         };
-        let mut spec = claim_spec("u1", &[&gpu(0)], &driver);
+        let mut spec = claim_spec("u1", &[&gpu(0)], &driver, None);
         assert_eq!(spec.cdi_version, "0.5.0");
         spec.devices[0].container_edits.device_nodes[0].host_path = String::new();
         assert_eq!(min_version(&spec), "0.3.0");
@@ -698,7 +739,7 @@ mod tests {
             std::fs::remove_file(lib.join(name)).unwrap();
         }
         let writer = CdiWriter::new(&dir.path().join("cdi"), &roots);
-        let err = writer.write("u1", &[&gpu(0), &gpu(1)]).unwrap_err();
+        let err = writer.write("u1", &[&gpu(0), &gpu(1)], None).unwrap_err();
         let text = err.to_string();
         assert!(
             text.starts_with(
@@ -726,7 +767,7 @@ mod tests {
         let writer =
             CdiWriter::new(&dir.path().join("cdi"), &roots).with_procfs_root(&roots.driver_root);
         let view = writer.driver_view(&[&mig_device(), &gpu(0)]).unwrap();
-        let spec = claim_spec("u1", &[&mig_device(), &gpu(0)], &view);
+        let spec = claim_spec("u1", &[&mig_device(), &gpu(0)], &view, None);
         let nodes = &spec.devices[0].container_edits.device_nodes;
         let caps: Vec<_> = nodes[1..]
             .iter()
@@ -770,7 +811,7 @@ mod tests {
         let writer =
             CdiWriter::new(&dir.path().join("cdi"), &roots).with_procfs_root(&roots.driver_root);
         let text = writer
-            .write("u1", &[&mig_device()])
+            .write("u1", &[&mig_device()], None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -794,20 +835,20 @@ mod tests {
         let writer = CdiWriter::new(&dir.path().join("cdi"), &roots);
         // Refused while libcuda is missing, however often asked, with one walk.
         for uid in ["u1", "u2"] {
-            assert!(writer.write(uid, &[&gpu(0)]).is_err());
+            assert!(writer.write(uid, &[&gpu(0)], None).is_err());
         }
         assert_eq!(writer.discoveries(), 1);
         // The driver's libcuda arrives: the next claim sees it.
         for name in cuda {
             std::fs::rename(saved.join(name), lib.join(name)).unwrap();
         }
-        let spec = std::fs::read_to_string(writer.write("u3", &[&gpu(0)]).unwrap()).unwrap();
+        let spec = std::fs::read_to_string(writer.write("u3", &[&gpu(0)], None).unwrap()).unwrap();
         assert!(spec.contains("libcuda.so.580.95.05"), "{spec}");
         assert_eq!(writer.discoveries(), 2);
         // Claims on other devices and clones of the writer reuse that walk.
         let clone = writer.clone();
         for (uid, minor) in [("u4", 1), ("u5", 0)] {
-            clone.write(uid, &[&gpu(minor)]).unwrap();
+            clone.write(uid, &[&gpu(minor)], None).unwrap();
         }
         assert_eq!(writer.discoveries(), 2);
     }
@@ -819,7 +860,7 @@ mod tests {
             &dir.path().join("cdi"),
             &testutil::driver_roots(dir.path(), 1),
         );
-        let path = writer.write("u1", &[&gpu(0)]).unwrap();
+        let path = writer.write("u1", &[&gpu(0)], None).unwrap();
         assert!(path.exists());
         writer.remove("u1").unwrap();
         assert!(!path.exists());

@@ -69,6 +69,10 @@ pub struct ClaimEntry {
     /// is set, so a crash half-way is found and undone at start.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub time_slices: BTreeMap<String, Interval>,
+    /// The MPS control daemon the claim runs; committed before it is started, so a crash
+    /// half-way leaves an entry whose daemon is stopped at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<crate::mps::MpsDaemon>,
 }
 
 /// The checkpoint's content.
@@ -408,6 +412,7 @@ mod tests {
                 name: "a".into(),
                 devices: vec![device("gpu-0", false), device("gpu-1", true)],
                 time_slices: BTreeMap::new(),
+                mps: None,
             },
         );
         cp.claims.insert(
@@ -418,6 +423,7 @@ mod tests {
                 name: "b".into(),
                 devices: vec![device("gpu-2", false)],
                 time_slices: BTreeMap::from([("GPU-2".into(), Interval::Short)]),
+                mps: None,
             },
         );
         cp
@@ -514,6 +520,7 @@ mod tests {
                 name: "s".into(),
                 devices: vec![shared],
                 time_slices: BTreeMap::new(),
+                mps: None,
             },
         );
         assert_eq!(cp.exclusive_holder("uid-t", "node-a", "gpu-3", true), None);
@@ -540,7 +547,7 @@ mod tests {
     #[test]
     fn fields_a_later_build_added_within_the_version_are_skipped_checksum_intact() {
         let mut payload: serde_json::Value = serde_json::to_value(sample()).unwrap();
-        payload["claims"]["uid-a"]["mpsDaemon"] = serde_json::json!({"pod": "mps-uid-a"});
+        payload["claims"]["uid-a"]["laterClaimField"] = serde_json::json!({"pod": "p"});
         payload["laterField"] = serde_json::json!(true);
         let text = envelope(VERSION, &payload.to_string());
         assert_eq!(decode(text.as_bytes()).unwrap(), sample());

@@ -2,7 +2,8 @@
 //! and the devices to prepare.
 
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
-use crate::opaque::{self, DeviceConfig, Interval};
+use crate::mps::MpsDaemon;
+use crate::opaque::{self, DeviceConfig, Interval, MpsConfig};
 use crate::types::ClaimRef;
 use api::gpuclass::variants::quantity_bytes;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -128,6 +129,8 @@ pub struct Resolved {
     pub devices: Vec<NodeDevice>,
     /// The time-slice interval the configs ask for, by physical GPU UUID.
     pub time_slices: BTreeMap<String, Interval>,
+    /// The MPS control daemon the configs ask for on the claim's devices.
+    pub mps: Option<MpsDaemon>,
 }
 
 /// Looks up every allocated device (a share becomes its GPU with the share's use) and checks
@@ -149,8 +152,11 @@ pub fn resolve(
         .map(Vec::as_slice)
         .unwrap_or_default();
     let mut resolved = Resolved::default();
+    // The devices asking for MPS, with the settings each asks for.
+    let mut mps: Vec<(&Allocated, String, MpsConfig)> = Vec::new();
     for a in allocated {
         let mut interval = None;
+        let mut mps_config = None;
         let mut device = table
             .claimable(&a.device, a.share_id.as_deref(), a.consumed_memory)
             .ok_or_else(|| ClaimError::UnknownDevice(a.device.clone()))?;
@@ -197,8 +203,12 @@ pub fn resolve(
                 ));
             } else {
                 decoded.check_supported().map_err(|e| bad(e.to_string()))?;
+                mps_config = decoded.mps().or(mps_config);
             }
             interval = decoded.time_slice().or(interval);
+        }
+        if let Some(config) = mps_config.filter(|_| !a.admin_access) {
+            mps.push((a, device.uuid.clone(), config));
         }
         if let Some(interval) =
             interval.filter(|_| !a.admin_access && !matches!(device.kind, DeviceKind::Mig(_)))
@@ -217,7 +227,34 @@ pub fn resolve(
         }
         resolved.devices.push(device);
     }
+    resolved.mps = mps_daemon(mps)?;
     Ok(resolved)
+}
+
+/// The one MPS control daemon of a claim whose devices ask for MPS: they must ask for the
+/// same settings, which must make sense for those devices.
+fn mps_daemon(
+    asking: Vec<(&Allocated, String, MpsConfig)>,
+) -> Result<Option<MpsDaemon>, ClaimError> {
+    let Some((first, _, config)) = asking.first() else {
+        return Ok(None);
+    };
+    if let Some((other, _, _)) = asking.iter().find(|(_, _, c)| c != config) {
+        return Err(ClaimError::Config {
+            device: other.device.clone(),
+            reason: format!(
+                "its mpsConfig differs from {}'s; a claim has one MPS control daemon, so its devices must ask for the same settings",
+                first.device
+            ),
+        });
+    }
+    let devices = asking.iter().map(|(_, uuid, _)| uuid.clone()).collect();
+    MpsDaemon::from_config(config, devices)
+        .map(Some)
+        .map_err(|reason| ClaimError::Config {
+            device: first.device.clone(),
+            reason,
+        })
 }
 
 /// Claims that hold devices of `driver` in `pool` and are reserved for a consumer: what a
@@ -413,5 +450,43 @@ mod tests {
             check(&other_node, "u1"),
             "device gpu-0 is allocated from pool node-b, but this node serves pool node-a"
         );
+    }
+
+    fn mps_config(request: &str, percentage: u32) -> serde_json::Value {
+        serde_json::json!({"source": "FromClaim", "requests": [request], "opaque": {
+            "driver": "gpu.nvidia.com", "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": percentage}}}}})
+    }
+
+    #[test]
+    fn a_claim_has_one_mps_daemon_for_the_devices_that_ask_for_it() {
+        let results = [
+            ("a", "gpu.nvidia.com", "node-a", "gpu-1", false),
+            ("b", "gpu.nvidia.com", "node-a", "gpu-2", false),
+            ("c", "gpu.nvidia.com", "node-a", "gpu-3", false),
+        ];
+        let resolve_with = |configs: serde_json::Value| {
+            let c = claim("c", "u1", &results, configs);
+            let allocated = allocated_devices(&c, &cref("u1"), "gpu.nvidia.com", "node-a").unwrap();
+            resolve(&c, &allocated, &crate::testutil::table(4), "gpu.nvidia.com")
+        };
+        let same = resolve_with(serde_json::json!([
+            mps_config("a", 30),
+            mps_config("b", 30)
+        ]));
+        let daemon = same.unwrap().mps.unwrap();
+        assert_eq!(daemon.devices, ["GPU-1", "GPU-2"], "gpu-3 asked for no MPS");
+        assert_eq!(daemon.active_thread_percentage, Some(30));
+        let differing = resolve_with(serde_json::json!([
+            mps_config("a", 30),
+            mps_config("b", 60)
+        ]));
+        let message = differing.unwrap_err().to_string();
+        assert!(
+            message.starts_with("configuration for gpu-2: its mpsConfig differs from gpu-1's"),
+            "{message}"
+        );
+        assert_eq!(resolve_with(serde_json::json!([])).unwrap().mps, None);
     }
 }

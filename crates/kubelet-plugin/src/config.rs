@@ -70,10 +70,21 @@ pub struct Config {
     /// number of shares per device (the upstream driver's `--consumable-shares`).
     #[arg(long, env = env::CONSUMABLE_SHARES, default_value = "disabled")]
     pub consumable_shares: crate::consumable::ConsumableShares,
-    /// Host directory of the per-GPU MPS control daemons (`<this>/<GPU UUID>`), mounted at the
-    /// same path here; claims of shares with strategy MPS need their GPU's.
+    /// Host directory of the MPS control daemons, mounted at the same path here: the per-GPU
+    /// ones of GPU classes' shares (`<this>/<GPU UUID>`, started by an admin) and those the
+    /// plugin runs for claims (`<this>/claim-<claim UID>`).
     #[arg(long, env = "MPS_ROOT", default_value = paths::MPS_ROOT)]
     pub mps_root: PathBuf,
+    /// The plugin pod's namespace: claims' MPS control daemon pods go there.
+    #[arg(long, env = env::POD_NAMESPACE)]
+    pub pod_namespace: Option<String>,
+    /// The image of claims' MPS control daemon pods (the plugin's own); without it and the
+    /// namespace, claims asking for MPS are refused.
+    #[arg(long, env = env::MPS_CONTROL_DAEMON_IMAGE)]
+    pub mps_control_daemon_image: Option<String>,
+    /// Pull policy of that image.
+    #[arg(long, env = env::MPS_CONTROL_DAEMON_IMAGE_PULL_POLICY, default_value = "IfNotPresent")]
+    pub mps_control_daemon_image_pull_policy: String,
     /// Source of the node's boot id (checkpoints from other boots are discarded).
     #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
     pub boot_id_file: PathBuf,

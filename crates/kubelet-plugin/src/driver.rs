@@ -22,6 +22,7 @@ use crate::claim;
 use crate::devices::DeviceTable;
 use crate::ledger::{Ledger, Version};
 use crate::metrics::Metrics;
+use crate::mps::MpsDaemons;
 use crate::opaque::Interval;
 use crate::time_slice::TimeSlicer;
 use crate::types::Operation;
@@ -88,6 +89,9 @@ pub enum ClaimFailure {
         /// What failed.
         reason: String,
     },
+    /// The claim's MPS control daemon could not be started or stopped.
+    #[error("MPS control daemon: {0}")]
+    Mps(String),
 }
 
 impl ClaimFailure {
@@ -103,6 +107,7 @@ impl ClaimFailure {
             ClaimFailure::Unprepared => "unprepared",
             ClaimFailure::TimeSliceConflict { .. } => "time_slice_conflict",
             ClaimFailure::TimeSlice { .. } => "time_slice",
+            ClaimFailure::Mps(_) => "mps_daemon",
         }
     }
 }
@@ -175,6 +180,8 @@ pub struct Driver<C> {
     held: Option<tokio::sync::watch::Sender<std::collections::BTreeSet<String>>>,
     /// Sets the GPUs' time-slice intervals.
     slicer: Arc<dyn TimeSlicer>,
+    /// Runs the claims' MPS control daemons.
+    daemons: Arc<dyn MpsDaemons>,
 }
 
 impl<C: ClaimSource> Driver<C> {
@@ -227,6 +234,9 @@ impl<C: ClaimSource> Driver<C> {
             metrics: None,
             held: None,
             slicer: Arc::new(crate::time_slice::Unavailable),
+            daemons: Arc::new(crate::mps::Unavailable(
+                "this plugin was started without a way to run MPS control daemons".into(),
+            )),
         };
         Ok((driver, report))
     }
@@ -235,6 +245,39 @@ impl<C: ClaimSource> Driver<C> {
     pub fn with_time_slicer(mut self, slicer: Arc<dyn TimeSlicer>) -> Self {
         self.slicer = slicer;
         self
+    }
+
+    /// Runs the MPS control daemons of claims that ask for one with `daemons` (such claims are
+    /// refused otherwise).
+    pub fn with_mps_daemons(mut self, daemons: Arc<dyn MpsDaemons>) -> Self {
+        self.daemons = daemons;
+        self
+    }
+
+    /// Stops the MPS control daemons (and removes the directories) of claims that are not
+    /// prepared: what a crash left between committing a claim and forgetting it. Answers the
+    /// claim UIDs whose daemon could not be stopped, with why.
+    pub async fn sweep_mps_daemons(&self) -> Vec<(String, String)> {
+        let present = match self.daemons.present().await {
+            Ok(present) => present,
+            Err(e) => return vec![(String::new(), e)],
+        };
+        let mut failed = Vec::new();
+        for uid in present {
+            let (kept, _) = self.ledger.read(|cp| {
+                cp.claims
+                    .get(&uid)
+                    .is_some_and(|e| e.state == ClaimState::PrepareCompleted && e.mps.is_some())
+            });
+            if kept {
+                continue;
+            }
+            tracing::info!(claim = %uid, "stopping the MPS control daemon of a claim that is not prepared");
+            if let Err(e) = self.daemons.stop(&uid).await {
+                failed.push((uid, e));
+            }
+        }
+        failed
     }
 
     /// Puts each of `gpus` back to the interval the prepared claims want (the driver's default
@@ -371,6 +414,7 @@ impl<C: ClaimSource> Driver<C> {
         let claim::Resolved {
             devices,
             time_slices,
+            mps,
         } = claim::resolve(&object, &allocated, &self.table, &self.driver_name)?;
         let prepared: Vec<PreparedDevice> = allocated
             .iter()
@@ -416,6 +460,7 @@ impl<C: ClaimSource> Driver<C> {
                     name: claim.name.clone(),
                     devices: prepared.clone(),
                     time_slices: time_slices.clone(),
+                    mps: mps.clone(),
                 },
             );
             Ok(None)
@@ -427,19 +472,39 @@ impl<C: ClaimSource> Driver<C> {
                 added: false,
             });
         }
-        if !time_slices.is_empty() {
-            self.set_time_slices(claim, version, &time_slices).await?;
+        if !time_slices.is_empty() || mps.is_some() {
+            // What follows changes the node where the table cannot find it again: commit first.
+            if let Err(e) = self.ledger.commit(version).await {
+                self.take_back(claim);
+                return Err(ClaimFailure::Checkpoint(e.to_string()));
+            }
+        }
+        for (gpu, &interval) in &time_slices {
+            if let Err(reason) = self.slicer.set(gpu, interval).await {
+                self.abandon(claim).await;
+                return Err(ClaimFailure::TimeSlice {
+                    gpu: gpu.clone(),
+                    reason,
+                });
+            }
+        }
+        if let Some(daemon) = &mps
+            && let Err(reason) = self.daemons.start(&claim.uid, daemon).await
+        {
+            self.abandon(claim).await;
+            return Err(ClaimFailure::Mps(reason));
         }
 
         let cdi = self.cdi.clone();
         let uid = claim.uid.clone();
+        let daemon = mps.clone();
         let written = tokio::task::spawn_blocking(move || {
-            cdi.write(&uid, &devices.iter().collect::<Vec<_>>())
+            cdi.write(&uid, &devices.iter().collect::<Vec<_>>(), daemon.as_ref())
         })
         .await
         .unwrap_or_else(|e| Err(io::Error::other(e).into()));
         if let Err(e) = written {
-            self.take_back(claim);
+            self.abandon(claim).await;
             return Err(ClaimFailure::CdiWrite(e.to_string()));
         }
         let (still_there, version) = self.ledger.change(|state| {
@@ -450,6 +515,9 @@ impl<C: ClaimSource> Driver<C> {
         if still_there.is_none() {
             // Unprepared while its spec was being written: leave nothing behind.
             let _ = self.cdi.remove(&claim.uid);
+            if mps.is_some() {
+                let _ = self.daemons.stop(&claim.uid).await;
+            }
             return Err(ClaimFailure::Unprepared);
         }
         Ok(Staged {
@@ -459,34 +527,22 @@ impl<C: ClaimSource> Driver<C> {
         })
     }
 
-    /// Commits the claim's reservation, then sets its GPUs' intervals; on a failure forgets the
-    /// claim and puts its GPUs back.
-    async fn set_time_slices(
-        &self,
-        claim: &ClaimRef,
-        version: Version,
-        time_slices: &BTreeMap<String, Interval>,
-    ) -> Result<(), ClaimFailure> {
-        if let Err(e) = self.ledger.commit(version).await {
-            self.take_back(claim);
-            return Err(ClaimFailure::Checkpoint(e.to_string()));
+    /// Forgets a claim this call added and undoes what it changed on the node: its daemon
+    /// stopped, its GPUs' intervals put back to what the remaining claims want (best effort,
+    /// for failures; what fails is logged, and the next start sweeps daemons again).
+    async fn abandon(&self, claim: &ClaimRef) {
+        let (entry, _) = self.ledger.read(|cp| cp.claims.get(&claim.uid).cloned());
+        self.take_back(claim);
+        let Some(entry) = entry else { return };
+        if entry.mps.is_some()
+            && let Err(e) = self.daemons.stop(&claim.uid).await
+        {
+            tracing::warn!(claim = %claim, error = %e, "stopping the MPS control daemon after a failed prepare");
         }
-        for (gpu, &interval) in time_slices {
-            if let Err(reason) = self.slicer.set(gpu, interval).await {
-                self.take_back(claim);
-                for (gpu, e) in self
-                    .settle_time_slices(&time_slices.keys().cloned().collect())
-                    .await
-                {
-                    tracing::warn!(%gpu, error = %e, "restoring a GPU's time-slice interval after a failed prepare");
-                }
-                return Err(ClaimFailure::TimeSlice {
-                    gpu: gpu.clone(),
-                    reason,
-                });
-            }
+        let gpus = entry.time_slices.into_keys().collect();
+        for (gpu, e) in self.settle_time_slices(&gpus).await {
+            tracing::warn!(%gpu, error = %e, "restoring a GPU's time-slice interval after a failed prepare");
         }
-        Ok(())
     }
 
     /// Forgets a claim this call added: its spec and its entry (best effort, for failures).
@@ -517,6 +573,17 @@ impl<C: ClaimSource> Driver<C> {
                 .set(&gpu, wanted)
                 .await
                 .map_err(|reason| ClaimFailure::TimeSlice { gpu, reason })?;
+        }
+        let (runs_daemon, _) = self.ledger.read(|cp| {
+            cp.claims
+                .get(&claim.uid)
+                .is_some_and(|entry| entry.mps.is_some())
+        });
+        if runs_daemon {
+            self.daemons
+                .stop(&claim.uid)
+                .await
+                .map_err(ClaimFailure::Mps)?;
         }
         if known {
             self.cdi
@@ -575,7 +642,7 @@ impl<C: ClaimSource> Driver<C> {
         if committed.is_err() {
             for (claim, staged) in claims.iter().zip(&staged) {
                 if staged.as_ref().is_ok_and(|s| s.added) {
-                    self.take_back(claim);
+                    self.abandon(claim).await;
                 }
             }
         } else {
@@ -1121,6 +1188,116 @@ mod tests {
         }
     }
 
+    /// `claim` with the config upstream documents for MPS.
+    fn with_mps(claim: ResourceClaim) -> ResourceClaim {
+        let mut value = serde_json::to_value(claim).unwrap();
+        value["status"]["allocation"]["devices"]["config"] = serde_json::json!([{
+            "source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}}}]);
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn driver_with_daemons(
+        dir: &Path,
+        claims: &Arc<Claims>,
+    ) -> (Driver<Arc<Claims>>, Arc<crate::mps::fake::Daemons>) {
+        let daemons = Arc::new(crate::mps::fake::Daemons {
+            root: dir.join("mps"),
+            ..Default::default()
+        });
+        let (d, _) = driver(dir, claims);
+        let d = Driver {
+            cdi: d.cdi.clone().with_mps_root(&dir.join("mps")),
+            ..d
+        };
+        (d.with_mps_daemons(daemons.clone()), daemons)
+    }
+
+    #[tokio::test]
+    async fn an_mps_claim_runs_its_own_daemon_until_it_is_unprepared() {
+        let (dir, claims) = setup();
+        claims.put(with_mps(exclusive("mps", "u1", &["gpu-1", "gpu-2"])));
+        let (d, daemons) = driver_with_daemons(dir.path(), &claims);
+        let answers = d.prepare(vec![cref("mps", "u1")]).await;
+        assert!(answers["u1"].is_ok(), "{answers:?}");
+        let running = daemons.running.lock().unwrap().clone();
+        assert_eq!(running["u1"].devices, ["GPU-1", "GPU-2"]);
+        let spec = std::fs::read_to_string(d.cdi.path("u1")).unwrap();
+        for expected in [
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+            "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M,1=10240M",
+            "mps/claim-u1/pipe",
+            "mps/claim-u1/log",
+        ] {
+            assert!(spec.contains(expected), "{expected} in {spec}");
+        }
+        let stored = CheckpointStore::new(&dir.path().join("plugin"), "boot-1");
+        let (checkpoint, _) = stored.load().unwrap();
+        assert_eq!(checkpoint.claims["u1"].mps.as_ref(), Some(&running["u1"]));
+
+        assert!(d.unprepare(vec![cref("mps", "u1")]).await["u1"].is_ok());
+        assert!(daemons.running.lock().unwrap().is_empty());
+        assert!(!dir.path().join("mps/claim-u1").exists());
+    }
+
+    #[tokio::test]
+    async fn an_mps_daemon_that_does_not_come_up_fails_the_claim_and_leaves_nothing() {
+        let (dir, claims) = setup();
+        claims.put(with_mps(exclusive("mps", "u1", &["gpu-1"])));
+        let (d, daemons) = driver_with_daemons(dir.path(), &claims);
+        daemons.failing.lock().unwrap().insert("u1".into());
+        let answers = d.prepare(vec![cref("mps", "u1")]).await;
+        let message = answers["u1"].as_ref().unwrap_err();
+        assert!(
+            message.contains("MPS control daemon: the daemon of u1 did not come up"),
+            "{message}"
+        );
+        assert!(daemons.running.lock().unwrap().is_empty());
+        assert!(!dir.path().join("mps/claim-u1").exists());
+        assert!(!d.cdi.path("u1").exists());
+        let (checkpoint, _) = d.ledger.read(Clone::clone);
+        assert!(checkpoint.claims.is_empty(), "{checkpoint:?}");
+        // The device is free again.
+        claims.put(exclusive("plain", "u2", &["gpu-1"]));
+        assert!(d.prepare(vec![cref("plain", "u2")]).await["u2"].is_ok());
+    }
+
+    #[tokio::test]
+    async fn without_a_way_to_run_daemons_an_mps_claim_is_refused_saying_so() {
+        let (dir, claims) = setup();
+        claims.put(with_mps(exclusive("mps", "u1", &["gpu-1"])));
+        let (d, _) = driver(dir.path(), &claims);
+        let answers = d.prepare(vec![cref("mps", "u1")]).await;
+        let message = answers["u1"].as_ref().unwrap_err();
+        assert!(
+            message.contains("without a way to run MPS control daemons"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn daemons_of_claims_that_are_not_prepared_are_swept_at_start() {
+        let (dir, claims) = setup();
+        claims.put(with_mps(exclusive("kept", "u1", &["gpu-1"])));
+        let (d, daemons) = driver_with_daemons(dir.path(), &claims);
+        assert!(d.prepare(vec![cref("kept", "u1")]).await["u1"].is_ok());
+        // A crash after a daemon started, before its claim was recorded prepared.
+        std::fs::create_dir_all(crate::mps::pipe_dir(&dir.path().join("mps"), "u-lost")).unwrap();
+        let (restarted, _) = driver(dir.path(), &claims);
+        let restarted = restarted.with_mps_daemons(daemons.clone());
+        assert!(restarted.sweep_mps_daemons().await.is_empty());
+        assert_eq!(
+            daemons.running.lock().unwrap().keys().collect::<Vec<_>>(),
+            ["u1"]
+        );
+        assert!(dir.path().join("mps/claim-u1").exists());
+        assert!(!dir.path().join("mps/claim-u-lost").exists());
+    }
+
     #[tokio::test]
     async fn concurrent_claims_for_one_device_let_exactly_one_through() {
         let (dir, claims) = setup();
@@ -1210,6 +1387,7 @@ mod tests {
                 name: "half".into(),
                 devices: vec![],
                 time_slices: BTreeMap::from([("GPU-half".into(), Interval::Medium)]),
+                mps: None,
             },
         );
         store.save(&cp).unwrap();

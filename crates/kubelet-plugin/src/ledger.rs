@@ -112,6 +112,7 @@ mod tests {
             name: name.into(),
             devices: vec![],
             time_slices: Default::default(),
+            mps: None,
         }
     }
 

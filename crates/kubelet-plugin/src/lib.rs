@@ -30,6 +30,8 @@ pub mod grpc_uds;
 pub mod health;
 pub mod ledger;
 pub mod metrics;
+pub mod mps;
+pub mod mps_pods;
 pub mod opaque;
 pub mod physical_gpus;
 pub mod prefetch;

@@ -94,7 +94,7 @@ impl std::fmt::Display for Interval {
 }
 
 /// `mpsConfig`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct MpsConfig {
     /// Default active thread percentage, 0–100.
@@ -218,18 +218,35 @@ impl DeviceConfig {
         }
     }
 
+    /// The MPS settings of a configuration with strategy MPS (none given: the defaults).
+    pub fn mps(&self) -> Option<MpsConfig> {
+        match self.sharing()? {
+            Sharing {
+                strategy: Strategy::Mps,
+                mps_config,
+                ..
+            } => Some(mps_config.clone().unwrap_or_default()),
+            _ => None,
+        }
+    }
+
     /// Checks that this plugin can honour the settings on a device a claim holds alone: no
-    /// sharing, or time-slicing (an interval on a full GPU only: the driver sets it per card).
-    /// Pods share a GPU with MPS through a GPUClass's `shared` variant.
+    /// sharing, time-slicing (an interval on a full GPU only: the driver sets it per card), or
+    /// MPS (a control daemon for the claim, [`crate::mps`]).
     pub fn check_supported(&self) -> Result<(), ConfigError> {
         match self.sharing() {
             None => Ok(()),
             Some(Sharing {
                 strategy: Strategy::Mps,
+                time_slicing_config: Some(_),
                 ..
             }) => Err(ConfigError::Unsupported(
-                "sharing strategy MPS on a device held by one claim (share GPUs through a GPUClass shared variant)".into(),
+                "timeSlicingConfig with strategy MPS".into(),
             )),
+            Some(Sharing {
+                strategy: Strategy::Mps,
+                ..
+            }) => Ok(()),
             Some(Sharing {
                 mps_config: Some(_),
                 ..
@@ -237,9 +254,11 @@ impl DeviceConfig {
                 "mpsConfig with strategy TimeSlicing".into(),
             )),
             Some(_) => match (self, self.time_slice()) {
-                (Self::Mig(_), Some(i)) if i != Interval::Default => Err(ConfigError::Refused(
-                    format!("time-slicing interval {i} on a MIG device: the driver sets intervals per full GPU"),
-                )),
+                (Self::Mig(_), Some(i)) if i != Interval::Default => {
+                    Err(ConfigError::Refused(format!(
+                        "time-slicing interval {i} on a MIG device: the driver sets intervals per full GPU"
+                    )))
+                }
                 _ => Ok(()),
             },
         }
@@ -306,7 +325,18 @@ mod tests {
             br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}"#,
         )
         .unwrap();
-        assert!(mps.check_supported().is_err());
+        assert_eq!(mps.check_supported(), Ok(()));
+        assert_eq!(mps.mps(), Some(MpsConfig::default()));
+        let both = decode(
+            br#"{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","timeSlicingConfig":{}}}"#,
+        )
+        .unwrap();
+        assert!(
+            both.check_supported()
+                .unwrap_err()
+                .to_string()
+                .contains("timeSlicingConfig")
+        );
     }
 
     #[test]
@@ -318,9 +348,10 @@ mod tests {
         let mps = config(r#"{"strategy":"MPS"}"#);
         assert_eq!(mps.strategy(), Some(super::Strategy::Mps));
         assert_eq!(mps.check_supported_on_share(), Ok(()));
-        assert!(
-            mps.check_supported().is_err(),
-            "MPS on a GPU one claim holds"
+        assert_eq!(
+            mps.check_supported(),
+            Ok(()),
+            "MPS on a GPU one claim holds: a daemon for the claim"
         );
         let limits =
             config(r#"{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":50}}"#);

@@ -33,7 +33,12 @@ pub fn kubelet_plugin(
     let kubelet_root = spec.host_paths.kubelet_root_dir.trim_end_matches('/');
     let cd = dra.compute_domains.enabled;
 
-    let mut containers = vec![gpus_container(spec, &plugin_image, pull, kubelet_root)];
+    let mut containers = vec![gpus_container(
+        spec,
+        (&plugin_image, pull),
+        inputs.namespace,
+        kubelet_root,
+    )];
     if cd {
         containers.push(compute_domains_container(
             spec,
@@ -148,8 +153,9 @@ fn plugin_mounts(kubelet_root: &str) -> Value {
         {"name": "host-root", "mountPath": paths::HOST_ROOT_CTR_PATH, "readOnly": true, "mountPropagation": "HostToContainer"},
         {"name": "driver-root", "mountPath": paths::DRIVER_ROOT_CTR_PATH, "readOnly": true, "mountPropagation": "HostToContainer"},
         {"name": "validations", "mountPath": paths::VALIDATIONS_DIR, "readOnly": true},
-        // The MPS control daemons' pipe directories, which shares with strategy MPS need.
-        {"name": "mps", "mountPath": paths::MPS_ROOT, "readOnly": true, "mountPropagation": "HostToContainer"},
+        // The MPS control daemons' pipe directories: the per-GPU ones shares with strategy MPS
+        // need, and those the plugin makes for claims' own daemons.
+        {"name": "mps", "mountPath": paths::MPS_ROOT, "mountPropagation": "HostToContainer"},
     ])
 }
 
@@ -229,7 +235,14 @@ fn kubelet_plugin_container(
     container
 }
 
-fn gpus_container(spec: &GPUClusterSpec, image: &str, pull: &str, kubelet_root: &str) -> Value {
+/// The GPU plugin container; `(image, pull)` is also what its claims' MPS control daemon pods
+/// run, in `namespace`.
+fn gpus_container(
+    spec: &GPUClusterSpec,
+    (image, pull): (&str, &str),
+    namespace: &str,
+    kubelet_root: &str,
+) -> Value {
     let driver_ready = format!("{}/{}", paths::VALIDATIONS_DIR, paths::DRIVER_READY_FILE);
     let gates = feature_gates(spec);
     let mut env = vec![
@@ -238,6 +251,9 @@ fn gpus_container(spec: &GPUClusterSpec, image: &str, pull: &str, kubelet_root: 
         // The node's /proc as the host root shows it (the driver's MIG capability files and the
         // nvidia-caps major), the same tree every other driver file is read from.
         (e::PROCFS_ROOT, paths::HOST_ROOT_CTR_PATH),
+        (e::POD_NAMESPACE, namespace),
+        (e::MPS_CONTROL_DAEMON_IMAGE, image),
+        (e::MPS_CONTROL_DAEMON_IMAGE_PULL_POLICY, pull),
     ];
     if !gates.is_empty() {
         env.push((e::FEATURE_GATES, gates.as_str()));
