@@ -92,7 +92,7 @@ pub fn daemon_pod(settings: &PodSettings, uid: &str, daemon: &MpsDaemon) -> Pod 
         },
         "spec": {
             "nodeName": settings.node,
-            "restartPolicy": "Always",
+            "restartPolicy": "OnFailure",
             "tolerations": [{"operator": "Exists"}],
             "automountServiceAccountToken": false,
             "enableServiceLinks": false,
@@ -185,8 +185,8 @@ impl PodDaemons {
         )
     }
 
-    /// Whether the daemon answers the driver's client on claim `uid`'s pipe directory.
-    async fn answers(&self, uid: &str) -> Result<(), String> {
+    /// Sends `command` to claim `uid`'s daemon with the driver's client; `Ok` once it answered.
+    async fn ask(&self, uid: &str, line: &str) -> Result<(), String> {
         let mut command = tokio::process::Command::new(&self.client_binary);
         command
             .env(
@@ -204,9 +204,7 @@ impl PodDaemons {
             .spawn()
             .map_err(|e| format!("{} could not run: {e}", self.client_binary.display()))?;
         if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin
-                .write_all(b"get_default_active_thread_percentage\n")
-                .await;
+            let _ = stdin.write_all(format!("{line}\n").as_bytes()).await;
         }
         let output = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
             .await
@@ -264,7 +262,7 @@ impl PodDaemons {
         let deadline = tokio::time::Instant::now() + WAIT;
         let mut tries = 0u32;
         loop {
-            let last = match self.answers(uid).await {
+            let last = match self.ask(uid, "get_default_active_thread_percentage").await {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
@@ -286,6 +284,14 @@ impl PodDaemons {
 
     async fn stop_daemon(&self, uid: &str) -> Result<(), String> {
         let name = pod_name(uid);
+        // A clean shutdown first, as an admin stops a daemon (the pod, restarted only on
+        // failure, then stays down); deleting the pod stops it in any case.
+        if mps::pipe_dir(&self.settings.mps_root, uid)
+            .join("control")
+            .exists()
+        {
+            let _ = self.ask(uid, "quit").await;
+        }
         match self.pods.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
