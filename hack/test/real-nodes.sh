@@ -741,10 +741,13 @@ check_gpu_pod two-gpus real-gpu-1 2
 # compute time-slice through the driver's nvidia-smi at prepare, and puts it back at unprepare; what
 # the node's nvidia-smi shows (run inside the node, as an admin would) is what the driver holds.
 node_timeslice() { "$HACK_DIR/cluster" node-exec "$1" nvidia-smi compute-policy -l -i "$2" 2>&1 | sed -n 's/.*Timeslice //p'; }
-k apply -f - >/dev/null <<EOF
+# sharing_claim NAME SHARING: a ResourceClaim for one GPU whose GpuConfig's `sharing` is SHARING
+# (flow-style YAML), as the upstream driver's documentation writes them.
+sharing_claim() {
+  k apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: {name: ts-short, namespace: default}
+metadata: {name: $1, namespace: default}
 spec:
   devices:
     requests:
@@ -754,13 +757,10 @@ spec:
     - requests: [gpu]
       opaque:
         driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing:
-            strategy: TimeSlicing
-            timeSlicingConfig: {interval: Short}
+        parameters: {apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig, sharing: $2}
 EOF
+}
+sharing_claim ts-short '{strategy: TimeSlicing, timeSlicingConfig: {interval: Short}}'
 for pod in ts-a ts-b; do
   k apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -800,6 +800,65 @@ else
   fail "time-sliced pods: ts-a $(pod_phase ts-a), ts-b $(pod_phase ts-b): $(k -n default describe pod ts-a | tail -4 | tr '\n' ' ')"
   k -n default delete pod ts-a ts-b --wait=false >/dev/null
   k -n default delete resourceclaim ts-short --wait=false >/dev/null
+fi
+
+# MPS written for the upstream driver (its documented shape): one ResourceClaim whose GpuConfig asks
+# for MPS with a thread percentage and a pinned memory limit, used by two containers of one pod. The
+# plugin runs the claim's own control daemon (the driver's nvidia-cuda-mps-control, in a pod it
+# creates on the node) on the claim's GPU with those limits; both containers get its pipe directory
+# and the limits in their environment, and reach it with the driver's client. Once the pod goes, so
+# do the daemon's pod and its directory on the node.
+sharing_claim mps-claim \
+  '{strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 50, defaultPinnedDeviceMemoryLimit: 10Gi}}'
+mps_ctr() { # NAME
+  printf '  - name: %s\n    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9\n' "$1"
+  printf '    command: ["sh", "-c", "env | grep ^CUDA_MPS_; echo get_default_active_thread_percentage | nvidia-cuda-mps-control; sleep 3600"]\n'
+  printf '    resources: {claims: [{name: gpu}]}\n'
+}
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: mps-pod, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: real-gpu-0}
+  resourceClaims: [{name: gpu, resourceClaimName: mps-claim}]
+  containers:
+$(mps_ctr ctr-a)
+$(mps_ctr ctr-b)
+EOF
+mps_uid="$(k -n default get resourceclaim mps-claim -o jsonpath='{.metadata.uid}')"
+mps_dir="$CLUSTER_DIR/nodes/real-gpu-0/run/nvidia/mps/claim-$mps_uid"
+mps_answered() { running mps-pod && [[ "$(k -n default logs mps-pod -c ctr-b | grep -c .)" -ge 5 ]]; }
+if wait_until 120 mps_answered; then
+  for ctr in ctr-a ctr-b; do
+    log="$(k -n default logs mps-pod -c "$ctr" | tr '\n' ' ')"
+    if [[ "$log" == *"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 "* && "$log" == *"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M "* \
+      && "$log" == *"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps "* && "$log" == *" 50.0 "* ]]; then
+      pass "mps-pod's $ctr sees its claim's MPS limits and its daemon answers 50.0: $log"
+    else
+      fail "mps-pod's $ctr under its claim's MPS daemon saw: $log"
+    fi
+  done
+  daemon="$(k -n "$GNS" get pod "mps-$mps_uid" -o jsonpath='{.spec.nodeName} {.status.phase}' 2>&1 || true)"
+  started="$(grep -h 'Startup:' "$mps_dir/log/control.log" 2>&1 || true)"
+  if [[ "$daemon" == "real-gpu-0 Running" && "$started" == *"devices GPU-"*"percentage 50.0"*"10240M"* ]]; then
+    pass "the claim's daemon runs in pod $GNS/mps-$mps_uid on real-gpu-0: $started"
+  else
+    fail "the claim's daemon pod: '$daemon'; its log: '$started'"
+  fi
+  k -n default delete pod mps-pod --wait=false >/dev/null
+  k -n default delete resourceclaim mps-claim --wait=false >/dev/null
+  mps_gone() { ! k -n "$GNS" get pod "mps-$mps_uid" >/dev/null 2>&1 && [[ ! -e "$mps_dir" ]]; }
+  if wait_until 90 mps_gone; then
+    pass "once mps-pod is gone, so are its claim's daemon pod and $mps_dir"
+  else
+    fail "after mps-pod: daemon pod '$(k -n "$GNS" get pod "mps-$mps_uid" -o jsonpath='{.status.phase}' 2>&1)', dir: $(ls "$mps_dir" 2>&1)"
+  fi
+else
+  fail "mps-pod: $(pod_phase mps-pod): $(k -n default describe pod mps-pod | tail -5 | tr '\n' ' '); daemon: $(k -n "$GNS" describe pod "mps-$mps_uid" 2>&1 | tail -5 | tr '\n' ' ')"
+  k -n default delete pod mps-pod --wait=false >/dev/null
+  k -n default delete resourceclaim mps-claim --wait=false >/dev/null
 fi
 
 # What the apiserver serves of the DRA features, as the GPUCluster says: everything on the newest
