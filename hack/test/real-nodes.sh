@@ -788,7 +788,41 @@ if wait_until 120 both_sliced; then
   else
     fail "time-sliced pods saw '$ts_uuid' and '$ts_uuid_b'; the node's nvidia-smi shows Timeslice '$ts_now' for it"
   fi
+  # What the claim holds, in its status.devices (docs/claim-status.md), as the plugin wrote it.
+  held_by() { k -n default get resourceclaim "$1" -o jsonpath='{range .status.devices[*]}{.driver} {.pool} {.data.uuid} {.data.productName} Ready={.conditions[?(@.type=="Ready")].status}{"\n"}{end}'; }
+  says_held() { [[ "$(held_by ts-short)" == "gpu.nvidia.com real-gpu-0 $ts_uuid NVIDIA "*" Ready=True" ]]; }
+  if wait_until 30 says_held; then
+    pass "ts-short's status.devices says what it holds: $(held_by ts-short)"
+  else
+    fail "ts-short's status.devices: '$(held_by ts-short)' (expected $ts_uuid on real-gpu-0, Ready)"
+  fi
+  if full; then
+    # Only the plugin of the claim's node may change its entries (1.36+: associated-node).
+    ts_device="$(k -n default get resourceclaim ts-short -o jsonpath='{.status.allocation.devices.results[0].device}')"
+    entry="{\"status\":{\"devices\":[{\"driver\":\"gpu.nvidia.com\",\"pool\":\"real-gpu-0\",\"device\":\"$ts_device\"}]}}"
+    status_as() { # NODE: the node's plugin token patches ts-short's status (server dry run)
+      local pod kc
+      pod="$(k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector "spec.nodeName=$1" -o jsonpath='{.items[0].metadata.name}')"
+      kc="$("$HACK_DIR/cluster" sa-kubeconfig "$GNS" "$plugin_sa" "$pod")"
+      "$BIN_DIR/kubectl" --kubeconfig "$kc" -n default patch resourceclaim ts-short --subresource=status \
+        --type=merge -p "$entry" --dry-run=server 2>&1 || true
+    }
+    own_node="$(status_as real-gpu-0)"
+    other_node="$(status_as real-gpu-1)"
+    # (kubectl says "patched" for a dry run of a subresource patch too.)
+    if [[ "$own_node" == *"ts-short patched"* && "$other_node" == *"status.devices: Forbidden"* ]]; then
+      pass "real-gpu-0's plugin token may change ts-short's gpu.nvidia.com status entries; real-gpu-1's is refused: ${other_node:0:160}"
+    else
+      fail "claim status as plugin tokens: real-gpu-0 -> '$own_node'; real-gpu-1 -> '$other_node'"
+    fi
+  fi
   k -n default delete pod ts-a ts-b --wait=false >/dev/null
+  no_entries() { [[ -z "$(held_by ts-short)" ]]; }
+  if wait_until 60 no_entries; then
+    pass "once ts-a and ts-b are gone, ts-short's status.devices has no entry of the plugin's"
+  else
+    fail "after its pods ts-short's status.devices still says: $(held_by ts-short)"
+  fi
   k -n default delete resourceclaim ts-short --wait=false >/dev/null
   back_to_default() { [[ "$(node_timeslice real-gpu-0 "$ts_uuid")" == DEFAULT ]]; }
   if wait_until 60 back_to_default; then

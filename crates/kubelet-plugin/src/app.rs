@@ -3,6 +3,7 @@
 
 use crate::cdi::CdiWriter;
 use crate::checkpoint::{self, CheckpointStore, LoadOutcome};
+use crate::claim_status::{StatusWriter, WithClaimStatus};
 use crate::config::Config;
 use crate::device_health::{self, GpuFault, HealthStream, HealthView};
 use crate::devices::DeviceTable;
@@ -492,7 +493,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(publish(
         client.clone(),
         config.node_name.clone(),
-        table,
+        Arc::clone(&table),
         view_rx.clone(),
         offers_rx,
         held_rx,
@@ -539,8 +540,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     tracing::info!(registration = %paths.registration.display(), dra = %paths.dra.display(), "serving the kubelet");
+    // What prepared claims hold goes to their status.devices (crate::claim_status).
+    let status_writer = StatusWriter::spawn(
+        client.clone(),
+        DRIVER_NAME,
+        &config.node_name,
+        Arc::clone(&table),
+        driver.prepared_claims(),
+    );
+    let backend = WithClaimStatus::new(driver, status_writer);
     sockets
-        .serve(registration, DraService::new(driver), shutdown.wait())
+        .serve(
+            registration,
+            DraService::new(Arc::new(backend)),
+            shutdown.wait(),
+        )
         .await?;
     // The PhysicalGPUs say that nothing serves them now (bounded by inventory::FINAL_WRITE).
     let _ = physical_gpus.await;

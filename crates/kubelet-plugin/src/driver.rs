@@ -384,6 +384,18 @@ impl<C: ClaimSource> Driver<C> {
         consumers
     }
 
+    /// The UIDs of the prepared claims.
+    pub fn prepared_claims(&self) -> Vec<String> {
+        let (uids, _) = self.ledger.read(|cp| {
+            cp.claims
+                .iter()
+                .filter(|(_, e)| e.state == ClaimState::PrepareCompleted)
+                .map(|(uid, _)| uid.clone())
+                .collect()
+        });
+        uids
+    }
+
     fn completed(checkpoint: &Checkpoint, uid: &str) -> Option<Vec<PreparedDevice>> {
         checkpoint
             .claims

@@ -18,6 +18,7 @@ pub mod app;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
+pub mod claim_status;
 pub mod class_watch;
 pub mod client;
 pub mod config;
