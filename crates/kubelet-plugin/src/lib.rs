@@ -26,6 +26,7 @@ pub mod consumable;
 pub mod device_health;
 pub mod devices;
 pub mod driver;
+pub mod driver_tools;
 pub mod grpc;
 pub mod grpc_uds;
 pub mod health;

@@ -143,24 +143,12 @@ impl std::fmt::Debug for PodDaemons {
 /// The driver's `nvidia-cuda-mps-control` inside the driver root (as `driver_root_ctr` shows
 /// it), or the paths looked at.
 pub fn find_binary(driver_root_ctr: &Path) -> Result<PathBuf, String> {
-    let candidates = [
-        "usr/bin/nvidia-cuda-mps-control",
-        "bin/nvidia-cuda-mps-control",
-    ];
-    candidates
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| driver_root_ctr.join(p).is_file())
-        .ok_or_else(|| {
-            format!(
-                "claims asking for MPS need the driver's nvidia-cuda-mps-control, which is not at {}",
-                candidates
-                    .iter()
-                    .map(|c| driver_root_ctr.join(c).display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            )
-        })
+    crate::driver_tools::find(driver_root_ctr, "nvidia-cuda-mps-control").map_err(|searched| {
+        format!(
+            "claims asking for MPS need the driver's nvidia-cuda-mps-control, which is not at {}",
+            crate::driver_tools::searched(&searched)
+        )
+    })
 }
 
 impl PodDaemons {
@@ -187,7 +175,8 @@ impl PodDaemons {
 
     /// Sends `command` to claim `uid`'s daemon with the driver's client; `Ok` once it answered.
     async fn ask(&self, uid: &str, line: &str) -> Result<(), String> {
-        let mut command = tokio::process::Command::new(&self.client_binary);
+        let mut command =
+            crate::driver_tools::command(&self.client_binary, self.client_library_dir.as_deref());
         command
             .env(
                 "CUDA_MPS_PIPE_DIRECTORY",
@@ -195,11 +184,7 @@ impl PodDaemons {
             )
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        if let Some(lib) = &self.client_library_dir {
-            command.env("LD_LIBRARY_PATH", lib);
-        }
+            .stderr(std::process::Stdio::piped());
         let mut child = command
             .spawn()
             .map_err(|e| format!("{} could not run: {e}", self.client_binary.display()))?;

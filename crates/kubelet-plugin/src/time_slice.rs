@@ -36,17 +36,9 @@ impl NvidiaSmi {
     /// The `nvidia-smi` of the driver installed under `driver_root` (as this process sees it),
     /// whose NVML is `library`.
     pub fn find(driver_root: &Path, library: &Path) -> Self {
-        let candidates: Vec<PathBuf> = ["usr/bin/nvidia-smi", "bin/nvidia-smi"]
-            .iter()
-            .map(|p| driver_root.join(p))
-            .collect();
-        let binary = candidates
-            .iter()
-            .find(|p| p.is_file())
-            .cloned()
-            .ok_or(candidates);
         Self {
-            binary,
+            binary: crate::driver_tools::find(driver_root, "nvidia-smi")
+                .map(|relative| driver_root.join(relative)),
             library_dir: library.parent().map(Path::to_path_buf),
         }
     }
@@ -55,23 +47,11 @@ impl NvidiaSmi {
         let binary = self.binary.as_ref().map_err(|searched| {
             format!(
                 "the driver's nvidia-smi, which sets time-slice intervals, is not at {}",
-                searched
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" or ")
+                crate::driver_tools::searched(searched)
             )
         })?;
-        let mut command = tokio::process::Command::new(binary);
-        command.args(args).kill_on_drop(true);
-        if let Some(dir) = &self.library_dir {
-            let mut path = dir.clone().into_os_string();
-            if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-                path.push(":");
-                path.push(old);
-            }
-            command.env("LD_LIBRARY_PATH", path);
-        }
+        let mut command = crate::driver_tools::command(binary, self.library_dir.as_deref());
+        command.args(args);
         let shown = format!("nvidia-smi {}", args.join(" "));
         let output = tokio::time::timeout(RUN_TIMEOUT, command.output())
             .await
