@@ -615,7 +615,9 @@ mod tests {
     #[test]
     fn a_file_left_unreadable_by_the_end_of_an_earlier_boot_is_that_boots_not_corrupted() {
         let dir = tempfile::tempdir().unwrap();
-        let boot = std::time::SystemTime::now();
+        // A minute ago: the kernel stamps files from a coarse clock, which can lag `now()` by a
+        // tick, so a file written "now" could otherwise look older than a boot at `now()`.
+        let boot = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
         let store = CheckpointStore::new(dir.path(), "boot-2").with_boot_time(boot);
         // A torn write (no fsync) cut by a power loss an hour before this boot.
         std::fs::write(store.path(), b"{\"version\":1,").unwrap();
