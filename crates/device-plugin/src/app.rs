@@ -9,14 +9,13 @@ use crate::serve::{self, Endpoint};
 use crate::state::State;
 use anyhow::Context;
 use gpu_discovery::DriverPaths;
-use gpu_discovery::health::Tracker;
-use gpu_discovery::monitor::{self, Observation};
-use gpu_discovery::{DriverReady, InitMode, NvmlSession, root};
-use kubelet_plugin::cdi::CdiWriter;
+use gpu_discovery::health::{Change, Tracker};
+use gpu_discovery::{InitMode, NvmlSession, root};
+use node_agent::cdi::SpecWriter;
+use node_agent::gpu_health::{self, Following, HealthSink, Wording};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// Sets the device gauges from `state`.
 fn count(metrics: &Metrics, state: &State) {
@@ -31,33 +30,16 @@ fn count(metrics: &Metrics, state: &State) {
     }
 }
 
-/// Keeps `state` current from the monitor's observations until the channel closes.
-async fn track_health(
-    mut observations: mpsc::UnboundedReceiver<Observation>,
-    mut tracker: Tracker,
-    gpus_by_index: BTreeMap<u32, String>,
+/// The device-plugin plane's answer to GPU health changes: the devices of unhealthy GPUs are
+/// listed `Unhealthy` to the kubelet (through `state`), and the device gauges follow.
+struct DevicePluginHealth {
     state: watch::Sender<State>,
     metrics: Metrics,
-) {
-    let mut nvml_failing = false;
-    while let Some(observation) = observations.recv().await {
-        let failed = matches!(observation, Observation::NvmlFailed(_));
-        if let (Observation::NvmlFailed(error), false) = (&observation, nvml_failing) {
-            tracing::error!(%error, "NVML failed; device health unknown, keeping what was last known");
-        }
-        let failing_changed = nvml_failing != failed;
-        nvml_failing = failed;
-        let changes = tracker.observe(&observation, &gpus_by_index, Instant::now());
-        if changes.is_empty() && !failing_changed {
-            continue;
-        }
-        for change in &changes {
-            change.log(
-                "its devices are no longer offered",
-                "its devices are offered again",
-            );
-        }
-        state.send_modify(|s| {
+}
+
+impl HealthSink for DevicePluginHealth {
+    async fn changed(&mut self, tracker: &Tracker, _changes: &[Change]) {
+        self.state.send_modify(|s| {
             s.unhealthy = s
                 .plan
                 .devices
@@ -69,9 +51,9 @@ async fn track_health(
                 .faults()
                 .map(|(gpu, fault)| (gpu.to_owned(), fault.to_string()))
                 .collect();
-            s.nvml_failing = nvml_failing;
+            s.nvml_failing = tracker.nvml_failing();
         });
-        count(&metrics, &state.borrow());
+        count(&self.metrics, &self.state.borrow());
     }
 }
 
@@ -112,14 +94,7 @@ fn read_plan(offer: &Offer, roots: &DriverPaths) -> anyhow::Result<Read> {
 
 /// Runs the plugin until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let ready = DriverReady::read(&config.driver_ready_file)
-        .inspect_err(|e| tracing::info!(file = %config.driver_ready_file.display(), error = %e, "no usable driver-ready file; using the flags"))
-        .ok();
-    let roots = DriverPaths::decide(
-        &config.nvidia_driver_root,
-        &config.driver_root_ctr_path,
-        ready.as_ref().map(|r| &r.paths),
-    );
+    let roots = config.node.driver_paths();
     tracing::info!(node = %config.node_name, "starting");
     let offer = config.offer()?;
     let Read {
@@ -128,7 +103,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         library,
         inventory,
     } = read_plan(&offer, &roots).context("reading the GPUs through NVML")?;
-    let writer = CdiWriter::new(&config.cdi_root, &roots).with_procfs_root(&config.procfs_root);
+    let writer =
+        SpecWriter::new(&config.node.cdi_root, &roots).with_procfs_root(&config.node.procfs_root);
     let devices: Vec<_> = plan.devices.values().collect();
     if !devices.is_empty() {
         let spec = crate::cdi::write(&writer, &devices).context("writing the CDI spec")?;
@@ -147,17 +123,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     count(&metrics, &state_rx.borrow());
 
-    let (observations_tx, observations_rx) = mpsc::unbounded_channel();
-    let monitor = monitor::spawn(library, config.health_probe_interval, move |o| {
-        observations_tx.send(o).is_ok()
-    });
-    let health = tokio::spawn(track_health(
-        observations_rx,
-        Tracker::new(config.health_recovery_period),
+    let Following {
+        monitor,
+        task: health,
+    } = gpu_health::follow(
+        library,
         gpus_by_index,
-        state_tx,
-        metrics.clone(),
-    ));
+        &config.node,
+        Wording {
+            unhealthy: "its devices are no longer offered",
+            recovered: "its devices are offered again",
+            unknown: "keeping what was last known",
+        },
+        DevicePluginHealth {
+            state: state_tx,
+            metrics: metrics.clone(),
+        },
+    );
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let health_http = service::http::Health::default();
@@ -194,7 +176,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tokio::time::sleep(serve::SOCKET_CHECK).await;
         }
     });
-    if let Some(addr) = config.http_endpoint.0 {
+    if let Some(addr) = config.node.http_endpoint.0 {
         let mut stop = shutdown_rx.clone();
         let stopped = async move {
             let _ = stop.wait_for(|s| *s).await;

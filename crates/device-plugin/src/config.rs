@@ -6,10 +6,9 @@
 
 use api::contract::{env, paths};
 use clap::Parser;
-use kubelet_plugin::config::{HttpEndpoint, default_driver_ready, parse_endpoint, parse_seconds};
+use node_agent::flags::NodeFlags;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 pub use api::gpucluster::MigStrategy;
 
@@ -237,6 +236,9 @@ pub struct Config {
     /// The node served (for logs and events).
     #[arg(long, env = env::NODE_NAME, default_value = "")]
     pub node_name: String,
+    /// What every node agent takes: the driver's roots, CDI, health timings, metrics, logs.
+    #[command(flatten)]
+    pub node: NodeFlags,
     /// MIG strategy when the config file sets none.
     #[arg(long, env = env::MIG_STRATEGY, default_value = "none")]
     pub mig_strategy: MigStrategy,
@@ -246,34 +248,6 @@ pub struct Config {
     /// The kubelet's device-plugins directory (its `kubelet.sock` and the plugin sockets).
     #[arg(long, env = env::DEVICE_PLUGIN_PATH, default_value_os_t = default_device_plugin_dir())]
     pub device_plugin_path: PathBuf,
-    /// Host path of the driver install.
-    #[arg(long, env = env::NVIDIA_DRIVER_ROOT, default_value = "/")]
-    pub nvidia_driver_root: PathBuf,
-    /// Where the host driver root is mounted in this container.
-    #[arg(long = "container-driver-root", env = env::DRIVER_ROOT_CTR_PATH, default_value = paths::DRIVER_ROOT_CTR_PATH)]
-    pub driver_root_ctr_path: PathBuf,
-    /// The validator's `driver-ready` file; when present its roots override the flags above.
-    #[arg(long, env = env::DRIVER_READY_FILE, default_value_os_t = default_driver_ready())]
-    pub driver_ready_file: PathBuf,
-    /// The folder whose `proc/` MIG capabilities are read from.
-    #[arg(long, env = env::PROCFS_ROOT, default_value = "/")]
-    pub procfs_root: PathBuf,
-    /// Where the CDI spec is written.
-    #[arg(long, env = env::CDI_ROOT, default_value = paths::CDI_ROOT)]
-    pub cdi_root: PathBuf,
-    /// Seconds between health probes of every GPU (what NVML events do not report, such as a
-    /// GPU fallen off the bus).
-    #[arg(long, env = "HEALTH_PROBE_INTERVAL", default_value = "5", value_parser = parse_seconds)]
-    pub health_probe_interval: Duration,
-    /// Seconds a device must stay healthy after its last fault before it is offered again.
-    #[arg(long, env = "HEALTH_RECOVERY_PERIOD", default_value = "60", value_parser = parse_seconds)]
-    pub health_recovery_period: Duration,
-    /// Address of `/metrics`, `/healthz`, `/readyz` (`:8080` or `host:port`); empty disables.
-    #[arg(long, env = env::HTTP_ENDPOINT, default_value = "", value_parser = parse_endpoint)]
-    pub http_endpoint: HttpEndpoint,
-    /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
-    pub log_format: service::logging::LogFormat,
 }
 
 /// What the plugin offers, from the flags and the config file.

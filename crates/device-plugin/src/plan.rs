@@ -8,7 +8,7 @@
 
 use crate::config::{MigStrategy, Offer};
 use gpu_discovery::{Inventory, MigMode};
-use kubelet_plugin::devices::NodeDevice;
+use node_agent::devices::NodeDevice;
 use std::collections::BTreeMap;
 
 /// The resource of whole GPUs (and of MIG devices under the `single` strategy).

@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::proto::registration_client::RegistrationClient;
 use crate::proto::{KUBELET_SOCKET, RegisterRequest, VERSION};
 use crate::state::State;
-use kubelet_plugin::sockets::bind_private;
+use node_agent::sockets::bind_private;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -55,7 +55,7 @@ pub async fn register(endpoint: &Endpoint) -> Result<(), String> {
 
 async fn register_once(endpoint: &Endpoint) -> Result<(), String> {
     let kubelet = endpoint.dir.join(KUBELET_SOCKET);
-    let channel = kubelet_plugin::client::connect_unix(&kubelet)
+    let channel = node_agent::kubelet_client::connect_unix(&kubelet)
         .await
         .map_err(|e| format!("connecting to {}: {e}", kubelet.display()))?;
     RegistrationClient::new(channel)

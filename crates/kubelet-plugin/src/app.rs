@@ -17,20 +17,20 @@ use crate::prefetch::PrefetchedClaims;
 use crate::publish::Publisher;
 use crate::registration::{RegistrationService, RegistrationState};
 use crate::server::{SocketPaths, Sockets};
-use crate::sockets::private_dir;
 use anyhow::Context;
 use api::contract::DRIVER_NAME;
 use api::gpuclass::variants::SharedOffer;
 use gpu_discovery::DriverPaths;
 use gpu_discovery::health::{Change, Severity, Tracker};
-use gpu_discovery::monitor::{self, Observation};
-use gpu_discovery::{DriverReady, InitMode, NvmlSession, UnreadableGpu, root};
+use gpu_discovery::{InitMode, NvmlSession, UnreadableGpu, root};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use node_agent::gpu_health::{self, HealthSink, Wording};
+use node_agent::sockets::private_dir;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// Where the kernel says when this boot began (`btime`).
 const PROC_STAT: &str = "/proc/stat";
@@ -117,29 +117,23 @@ pub fn health_event(change: &Change, table: &DeviceTable) -> (&'static str, Stri
     }
 }
 
-/// Keeps `view` current from the NVML monitor's observations, with an Event on the Node and a
-/// log line for each GPU whose health changes, until the monitor stops.
-async fn track_health(
-    mut observations: mpsc::UnboundedReceiver<Observation>,
-    mut tracker: Tracker,
-    gpus_by_index: BTreeMap<u32, String>,
+/// The DRA plane's answer to GPU health changes: `view` (which the slices' taints and the
+/// kubelet's health stream follow), an Event on the Node per GPU, and the health gauges.
+struct DraHealth {
     view: watch::Sender<HealthView>,
     recorder: NodeEvents,
     table: Arc<DeviceTable>,
     metrics: Metrics,
-) {
-    while let Some(observation) = observations.recv().await {
-        let changes = tracker.observe(&observation, &gpus_by_index, std::time::Instant::now());
-        let unknown = tracker.nvml_failing();
-        if let (Observation::NvmlFailed(error), false) = (&observation, view.borrow().unknown) {
-            tracing::error!(%error, "NVML failed; device health unknown, taints left as they are");
-        }
+}
+
+impl HealthSink for DraHealth {
+    async fn changed(&mut self, tracker: &Tracker, changes: &[Change]) {
         let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
             .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-        view.send_if_modified(|v| {
+        self.view.send_if_modified(|v| {
             let before = v.clone();
-            v.unknown = unknown;
-            for change in &changes {
+            v.unknown = tracker.nvml_failing();
+            for change in changes {
                 match change {
                     Change::Unhealthy { gpu, fault } => {
                         v.faults.insert(
@@ -157,18 +151,18 @@ async fn track_health(
             }
             *v != before
         });
-        for change in &changes {
-            change.log("its devices are tainted", "its devices' taints are removed");
-            let (reason, note, warning) = health_event(change, &table);
-            recorder.publish(reason, note, warning).await;
+        for change in changes {
+            let (reason, note, warning) = health_event(change, &self.table);
+            self.recorder.publish(reason, note, warning).await;
         }
-        let v = view.borrow().clone();
+        let v = self.view.borrow().clone();
         let lost = v
             .faults
             .values()
             .filter(|f| f.fault.severity() == Severity::Lost)
             .count();
-        metrics.set_health(v.faults.len() - lost, lost, v.unknown);
+        self.metrics
+            .set_health(v.faults.len() - lost, lost, v.unknown);
     }
 }
 
@@ -350,18 +344,7 @@ fn mps_pod_settings(
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let ready = match DriverReady::read(&config.driver_ready_file) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::info!(file = %config.driver_ready_file.display(), error = %e, "no usable driver-ready file; using the flags");
-            None
-        }
-    };
-    let roots = DriverPaths::decide(
-        &config.nvidia_driver_root,
-        &config.driver_root_ctr_path,
-        ready.as_ref().map(|r| &r.paths),
-    );
+    let roots = config.node.driver_paths();
     let NodeGpus {
         table,
         gpus,
@@ -412,8 +395,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.node_name,
         claims,
         (*table).clone(),
-        CdiWriter::new(&config.cdi_root, &roots)
-            .with_procfs_root(&config.procfs_root)
+        CdiWriter::new(&config.node.cdi_root, &roots)
+            .with_procfs_root(&config.node.procfs_root)
             .with_mps_root(&config.mps_root),
         store,
     )
@@ -460,19 +443,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Device health: the NVML monitor's thread feeds the tracker, whose view the slices and the
     // kubelet's health stream follow.
     let (view_tx, view_rx) = watch::channel(HealthView::default());
-    let (observations_tx, observations_rx) = mpsc::unbounded_channel();
-    let _monitor = monitor::spawn(library, config.health_probe_interval, move |o| {
-        observations_tx.send(o).is_ok()
-    });
-    tokio::spawn(track_health(
-        observations_rx,
-        Tracker::new(config.health_recovery_period),
+    let _health = gpu_health::follow(
+        library,
         by_index,
-        view_tx,
-        events,
-        Arc::clone(&table),
-        metrics,
-    ));
+        &config.node,
+        Wording {
+            unhealthy: "its devices are tainted",
+            recovered: "its devices' taints are removed",
+            unknown: "taints left as they are",
+        },
+        DraHealth {
+            view: view_tx,
+            recorder: events,
+            table: Arc::clone(&table),
+            metrics,
+        },
+    );
     // The GPU classes' shared offers: which GPUs are also published in shares.
     let (offers_tx, offers_rx) = watch::channel(Vec::new());
     let health_stream = HealthStream::new(Arc::clone(&table), &config.node_name, view_rx.clone())
@@ -535,7 +521,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
         });
     }
-    if let Some(addr) = config.http_endpoint.0 {
+    if let Some(addr) = config.node.http_endpoint.0 {
         service::http::spawn(addr, registry, ready, shutdown.wait());
     }
 

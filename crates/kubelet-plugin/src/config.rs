@@ -3,9 +3,8 @@
 
 use api::contract::{env, paths};
 use clap::Parser;
-use std::net::SocketAddr;
+use node_agent::flags::NodeFlags;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// `<kubelet root>/plugins_registry`.
 fn default_registrar_dir() -> PathBuf {
@@ -17,11 +16,6 @@ fn default_plugins_dir() -> PathBuf {
     PathBuf::from(paths::DEFAULT_KUBELET_ROOT).join("plugins")
 }
 
-/// The validator's `driver-ready` file.
-pub fn default_driver_ready() -> PathBuf {
-    PathBuf::from(paths::VALIDATIONS_DIR).join(paths::DRIVER_READY_FILE)
-}
-
 /// `gpu-kubelet-plugin`: publishes this node's GPUs as ResourceSlices and prepares them for
 /// containers through CDI.
 #[derive(Debug, Clone, Parser)]
@@ -30,15 +24,9 @@ pub struct Config {
     /// The node this plugin serves (pool name and slice owner).
     #[arg(long, env = env::NODE_NAME)]
     pub node_name: String,
-    /// Host path of the driver install.
-    #[arg(long, env = env::NVIDIA_DRIVER_ROOT, default_value = "/")]
-    pub nvidia_driver_root: PathBuf,
-    /// Where the host driver root is mounted in this container.
-    #[arg(long = "container-driver-root", env = env::DRIVER_ROOT_CTR_PATH, default_value = paths::DRIVER_ROOT_CTR_PATH)]
-    pub driver_root_ctr_path: PathBuf,
-    /// Where CDI specs are written.
-    #[arg(long, env = env::CDI_ROOT, default_value = paths::CDI_ROOT)]
-    pub cdi_root: PathBuf,
+    /// What every node agent takes: the driver's roots, CDI, health timings, metrics, logs.
+    #[command(flatten)]
+    pub node: NodeFlags,
     /// The kubelet's plugin registration directory.
     #[arg(long, env = env::KUBELET_REGISTRAR_DIRECTORY_PATH, default_value_os_t = default_registrar_dir())]
     pub kubelet_registrar_directory_path: PathBuf,
@@ -48,20 +36,6 @@ pub struct Config {
     /// TCP port of the gRPC liveness service; negative disables it.
     #[arg(long, env = env::HEALTHCHECK_PORT, default_value_t = -1, allow_negative_numbers = true)]
     pub healthcheck_port: i32,
-    /// Address of `/metrics`, `/healthz`, `/readyz` (`:8080` or `host:port`); empty disables.
-    #[arg(long, env = env::HTTP_ENDPOINT, default_value = "", value_parser = parse_endpoint)]
-    pub http_endpoint: HttpEndpoint,
-    /// The validator's `driver-ready` file; when present its roots override the flags above.
-    #[arg(
-        long,
-        env = env::DRIVER_READY_FILE,
-        default_value_os_t = default_driver_ready()
-    )]
-    pub driver_ready_file: PathBuf,
-    /// The folder whose `proc/` the plugin reads MIG capabilities from (`proc/devices`,
-    /// `proc/driver/nvidia/capabilities`): `/` in a pod, whose `/proc` tells the node kernel's.
-    #[arg(long, env = env::PROCFS_ROOT, default_value = "/")]
-    pub procfs_root: PathBuf,
     /// Where the node's sysfs is (the host root's `sys`, as the pod mounts it): each GPU's
     /// `resource.kubernetes.io/pcieRoot` comes from its link under `bus/pci/devices`.
     #[arg(long, env = env::SYSFS_ROOT, default_value = "/host/sys")]
@@ -88,45 +62,6 @@ pub struct Config {
     /// Source of the node's boot id (checkpoints from other boots are discarded).
     #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
     pub boot_id_file: PathBuf,
-    /// Seconds between health probes of every GPU (what NVML events do not report, such as a
-    /// GPU fallen off the bus).
-    #[arg(long, env = "HEALTH_PROBE_INTERVAL", default_value = "5", value_parser = parse_seconds)]
-    pub health_probe_interval: Duration,
-    /// Seconds a GPU must be read fine after its last fault before its devices' taints go.
-    #[arg(long, env = "HEALTH_RECOVERY_PERIOD", default_value = "60", value_parser = parse_seconds)]
-    pub health_recovery_period: Duration,
-    /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
-    pub log_format: service::logging::LogFormat,
-}
-
-/// A positive number of seconds, fractions allowed (`0.5`).
-pub fn parse_seconds(value: &str) -> Result<Duration, String> {
-    value
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("{value:?} is not a positive number of seconds"))
-}
-
-/// The metrics endpoint; `None` when disabled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HttpEndpoint(pub Option<SocketAddr>);
-
-/// `""` → none, `:8080` → all interfaces, else `host:port`.
-pub fn parse_endpoint(value: &str) -> Result<HttpEndpoint, String> {
-    if value.is_empty() {
-        return Ok(HttpEndpoint(None));
-    }
-    let full = if value.starts_with(':') {
-        format!("0.0.0.0{value}")
-    } else {
-        value.to_owned()
-    };
-    full.parse()
-        .map(|a| HttpEndpoint(Some(a)))
-        .map_err(|e| format!("{value:?} is not :port or host:port ({e})"))
 }
 
 impl Config {
@@ -145,6 +80,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use node_agent::flags::HttpEndpoint;
 
     #[test]
     fn defaults_and_overrides() {
@@ -154,14 +90,14 @@ mod tests {
             PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com")
         );
         assert_eq!(c.health_port(), None);
-        assert_eq!(c.http_endpoint, HttpEndpoint(None));
-        assert_eq!(c.cdi_root, PathBuf::from("/var/run/cdi"));
+        assert_eq!(c.node.http_endpoint, HttpEndpoint(None));
+        assert_eq!(c.node.cdi_root, PathBuf::from("/var/run/cdi"));
         assert_eq!(
             c.kubelet_registrar_directory_path,
             PathBuf::from("/var/lib/kubelet/plugins_registry")
         );
         assert_eq!(
-            c.driver_ready_file,
+            c.node.driver_ready_file,
             PathBuf::from("/run/nvidia/validations/driver-ready")
         );
         let c = Config::try_parse_from([
@@ -176,7 +112,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.health_port(), Some(51516));
         assert_eq!(
-            c.http_endpoint,
+            c.node.http_endpoint,
             HttpEndpoint(Some("0.0.0.0:8080".parse().unwrap()))
         );
     }

@@ -1,13 +1,13 @@
 //! gRPC liveness (`grpc.health.v1.Health`) on a TCP port: `SERVING` only while the registration
 //! socket answers `GetInfo` and the DRA socket answers an empty `NodePrepareResources`.
 
-use crate::client::connect_unix;
 use crate::proto::dra_v1beta1::{NodePrepareResourcesRequest, dra_plugin_client::DraPluginClient};
 use crate::proto::grpc_health::health_check_response::ServingStatus;
 use crate::proto::grpc_health::health_server::{Health, HealthServer};
 use crate::proto::grpc_health::{HealthCheckRequest, HealthCheckResponse};
 use crate::proto::registration::{InfoRequest, registration_client::RegistrationClient};
 use crate::server::SocketPaths;
+use node_agent::kubelet_client::connect_unix;
 use std::pin::Pin;
 use std::time::Duration;
 use tonic::{Request, Response, Status};

@@ -10,7 +10,7 @@
 //! `nvidia-smi` for time-slice intervals), [`prefetch`] (claims read ahead
 //! from a watch of the node's pods), [`ledger`] (the claim table and
 //! its group-committed checkpoint), [`publish`] (slice reconciliation),
-//! [`sockets`]/[`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
+//! [`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
 //! liveness), [`metrics`] with [`upstream_metrics`], and [`app`], which wires them for the binary from [`config`].
 #![forbid(unsafe_code)]
 
@@ -20,7 +20,6 @@ pub mod checkpoint;
 pub mod claim;
 pub mod claim_status;
 pub mod class_watch;
-pub mod client;
 pub mod config;
 pub mod consumable;
 pub mod device_health;
@@ -43,7 +42,6 @@ pub mod registration;
 pub mod server;
 pub mod sharing;
 pub mod slices;
-pub mod sockets;
 #[cfg(test)]
 mod testutil;
 pub mod time_slice;

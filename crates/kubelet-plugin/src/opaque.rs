@@ -44,15 +44,7 @@ pub struct Sharing {
     pub mps_config: Option<MpsConfig>,
 }
 
-/// Sharing strategies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum Strategy {
-    /// Time-slicing between processes.
-    TimeSlicing,
-    /// The CUDA Multi-Process Service.
-    #[serde(rename = "MPS")]
-    Mps,
-}
+pub use node_agent::devices::Strategy;
 
 /// `timeSlicingConfig`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

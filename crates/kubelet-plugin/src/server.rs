@@ -3,8 +3,8 @@
 use crate::device_health::HealthStream;
 use crate::grpc::DraService;
 use crate::registration::RegistrationService;
-use crate::sockets::{BoundSocket, SocketError, bind_private, private_dir};
 use crate::types::DraBackend;
+use node_agent::sockets::{BoundSocket, SocketError, bind_private, private_dir};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use tonic::transport::Server;

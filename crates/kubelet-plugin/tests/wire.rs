@@ -1,6 +1,5 @@
 //! Wire test: the registration and DRA services over real Unix sockets, driven by a gRPC client.
 
-use kubelet_plugin::client::connect_unix;
 use kubelet_plugin::grpc::DraService;
 use kubelet_plugin::health::HealthService;
 use kubelet_plugin::proto::registration::registration_client::RegistrationClient;
@@ -11,6 +10,7 @@ use kubelet_plugin::server::{SocketPaths, Sockets};
 use kubelet_plugin::types::{
     ClaimRef, DraBackend, PrepareResults, PreparedDevice, UnprepareResults,
 };
+use node_agent::kubelet_client::connect_unix;
 use std::sync::Arc;
 
 mod support;

@@ -118,7 +118,7 @@ impl Plugin {
     }
 
     pub async fn connect(&self, socket: &str) -> DevicePluginClient<Channel> {
-        let channel = kubelet_plugin::client::connect_unix(&self.plugins_dir().join(socket))
+        let channel = node_agent::kubelet_client::connect_unix(&self.plugins_dir().join(socket))
             .await
             .expect("dial the plugin socket");
         DevicePluginClient::new(channel)
