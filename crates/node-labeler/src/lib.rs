@@ -4,6 +4,5 @@ pub mod claims;
 pub mod controller;
 pub mod events;
 pub mod handover;
-pub mod node_ops;
 pub mod offers;
 pub mod plan;

@@ -1,0 +1,155 @@
+//! The labeler's metrics, under `node_labeler_`; each labelled family has its own typed label set.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of the error counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    /// The cause (`patch`, `conflict`, `cordon`, `drain`, `offers`).
+    error: &'static str,
+}
+
+/// Labels of the hand-over step counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    /// The step (`started`, `switched`, `completed`, ...).
+    step: &'static str,
+}
+
+/// Labels of the eviction counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EvictionLabels {
+    /// `evicted` or `blocked`.
+    result: &'static str,
+}
+
+/// Labels of the per-node gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    /// The node.
+    node: String,
+}
+
+/// Counters of the labeler's work.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    reconciles: Counter,
+    writes: Counter,
+    deferred: Counter,
+    errors: Family<ErrorLabels, Counter>,
+    cluster_policy: Gauge,
+    handovers_in_progress: Gauge,
+    handover_steps: Family<StepLabels, Counter>,
+    evictions: Family<EvictionLabels, Counter>,
+    held_on_dra: Family<NodeLabels, Gauge>,
+}
+
+impl Metrics {
+    /// Registers the counters under `node_labeler_`.
+    pub fn register(&self, registry: &mut Registry) {
+        let sub = registry.sub_registry_with_prefix("node_labeler");
+        sub.register("reconciles", "Node reconciles run", self.reconciles.clone());
+        sub.register(
+            "node_writes",
+            "Node label/annotation patches sent",
+            self.writes.clone(),
+        );
+        sub.register(
+            "dra_driver_removals_deferred",
+            "Times a dra-driver label removal waited for GPU claims",
+            self.deferred.clone(),
+        );
+        sub.register(
+            "errors",
+            "Failed node reconciles by cause",
+            self.errors.clone(),
+        );
+        sub.register(
+            "cluster_policy_present",
+            "1 while a ClusterPolicy serves the device-plugin plane",
+            self.cluster_policy.clone(),
+        );
+        sub.register(
+            "handovers_in_progress",
+            "GPU nodes between planes (cordoned, draining or waiting for the new plane)",
+            self.handovers_in_progress.clone(),
+        );
+        sub.register(
+            "handover_steps",
+            "Hand-over steps taken, by step (started, switched, completed, rolled_back, ...)",
+            self.handover_steps.clone(),
+        );
+        sub.register(
+            "node_held_on_dra",
+            "1 for each node whose plane policy moved it off DRA while pods there still hold \
+             gpu.nvidia.com claims (it stays on DRA until they leave)",
+            self.held_on_dra.clone(),
+        );
+        sub.register(
+            "evictions",
+            "Evictions of pods holding the old plane's GPUs, by result",
+            self.evictions.clone(),
+        );
+    }
+
+    /// Counts a reconcile.
+    pub(super) fn count_reconcile(&self) {
+        self.reconciles.inc();
+    }
+
+    /// Counts a node patch sent.
+    pub(super) fn count_write(&self) {
+        self.writes.inc();
+    }
+
+    /// Counts a dra-driver label removal that waits for GPU claims.
+    pub(super) fn count_deferred(&self) {
+        self.deferred.inc();
+    }
+
+    /// Counts a failed reconcile (or a conflict retried) by cause.
+    pub(super) fn count_error(&self, error: &'static str) {
+        self.errors.get_or_create(&ErrorLabels { error }).inc();
+    }
+
+    /// Counts a hand-over step taken.
+    pub(super) fn count_step(&self, step: &'static str) {
+        self.handover_steps
+            .get_or_create(&StepLabels { step })
+            .inc();
+    }
+
+    /// Counts an eviction by result.
+    pub(super) fn count_eviction(&self, result: &'static str) {
+        self.evictions
+            .get_or_create(&EvictionLabels { result })
+            .inc();
+    }
+
+    /// Whether a ClusterPolicy exists now.
+    pub(super) fn set_cluster_policy(&self, present: bool) {
+        self.cluster_policy.set(i64::from(present));
+    }
+
+    /// How many nodes are between planes.
+    pub(super) fn set_handovers_in_progress(&self, nodes: usize) {
+        self.handovers_in_progress
+            .set(i64::try_from(nodes).unwrap_or(i64::MAX));
+    }
+
+    /// Whether `node` is held on DRA by claims while its policy moved it off.
+    pub(super) fn set_held_on_dra(&self, node: &str, held: bool) {
+        let key = NodeLabels {
+            node: node.to_owned(),
+        };
+        if held {
+            self.held_on_dra.get_or_create(&key).set(1);
+        } else {
+            self.held_on_dra.remove(&key);
+        }
+    }
+}
