@@ -195,7 +195,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for server in servers {
         let _ = server.await;
     }
-    // The PhysicalGPUs say that nothing serves them now (bounded by inventory::FINAL_WRITE).
+    // The PhysicalGPUs say that nothing serves them now (bounded by physical_gpu_objects::FINAL_WRITE).
     let _ = physical_gpus.await;
     drop(monitor);
     tracing::info!("sockets removed; bye");

@@ -1,13 +1,13 @@
 //! The node's `PhysicalGPU` objects on the device-plugin plane: what NVML read at start, each
 //! GPU's health, and whether the kubelet holds every resource's registration, written by
-//! [`inventory::Publisher`] once per change. Without API access (no token, no `NODE_NAME`) the
+//! [`physical_gpu_objects::Publisher`] once per change. Without API access (no token, no `NODE_NAME`) the
 //! plugin serves the kubelet all the same and writes none.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpu_discovery::Inventory;
-use inventory::{Observed, Plane, Publisher};
+use physical_gpu_objects::{Observed, Plane, Publisher};
 use tokio::sync::watch;
 
 use crate::state::State;
@@ -40,7 +40,7 @@ fn observe(
 }
 
 /// Keeps the node's PhysicalGPUs following the plugin until `stop` turns true (or its state
-/// goes); then writes that nothing serves them (within [`inventory::FINAL_WRITE`]).
+/// goes); then writes that nothing serves them (within [`physical_gpu_objects::FINAL_WRITE`]).
 pub async fn follow(
     node: String,
     inventory: Inventory,
@@ -88,5 +88,5 @@ pub async fn follow(
             changed
         });
     }
-    inventory::stop_serving(observed, writer).await;
+    physical_gpu_objects::stop_serving(observed, writer).await;
 }

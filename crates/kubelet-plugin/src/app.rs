@@ -9,7 +9,7 @@ use crate::device_health::{self, GpuFault, HealthStream, HealthView};
 use crate::devices::DeviceTable;
 use crate::driver::{Driver, StartReport};
 use crate::grpc::DraService;
-use crate::health::HealthService;
+use crate::liveness::HealthService;
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
 use crate::mps_pods::{PodDaemons, PodSettings};
@@ -542,7 +542,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             shutdown.wait(),
         )
         .await?;
-    // The PhysicalGPUs say that nothing serves them now (bounded by inventory::FINAL_WRITE).
+    // The PhysicalGPUs say that nothing serves them now (bounded by physical_gpu_objects::FINAL_WRITE).
     let _ = physical_gpus.await;
     tracing::info!("sockets removed; bye");
     Ok(())

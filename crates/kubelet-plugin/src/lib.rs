@@ -10,8 +10,8 @@
 //! `nvidia-smi` for time-slice intervals), [`prefetch`] (claims read ahead
 //! from a watch of the node's pods), [`ledger`] (the claim table and
 //! its group-committed checkpoint), [`publish`] (slice reconciliation),
-//! [`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`health`] (gRPC
-//! liveness), [`metrics`] with [`upstream_metrics`], and [`app`], which wires them for the binary from [`config`].
+//! [`server`]/[`grpc`]/[`registration`] (the kubelet's sockets), [`liveness`] (gRPC
+//! liveness, apart from GPU health in [`device_health`]), [`metrics`] with [`upstream_metrics`], and [`app`], which wires them for the binary from [`config`].
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -28,8 +28,8 @@ pub mod driver;
 pub mod driver_tools;
 pub mod grpc;
 pub mod grpc_uds;
-pub mod health;
 pub mod ledger;
+pub mod liveness;
 pub mod metrics;
 pub mod mps;
 pub mod mps_pods;

@@ -1,12 +1,12 @@
 //! The node's `PhysicalGPU` objects on the DRA plane: what NVML read at start, each GPU's health,
 //! whether the kubelet took the registration, and the claims prepared on each GPU, written by
-//! [`inventory::Publisher`] once per change.
+//! [`physical_gpu_objects::Publisher`] once per change.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpu_discovery::Gpu;
-use inventory::{Observed, Plane, Publisher};
+use physical_gpu_objects::{Observed, Plane, Publisher};
 use tokio::sync::watch;
 
 use crate::device_health::HealthView;
@@ -47,7 +47,7 @@ fn observe<C: ClaimSource>(
 }
 
 /// Keeps the node's PhysicalGPUs following the plugin until `stop` (or the health view goes);
-/// then writes that nothing serves them (within [`inventory::FINAL_WRITE`]).
+/// then writes that nothing serves them (within [`physical_gpu_objects::FINAL_WRITE`]).
 pub async fn follow<C: ClaimSource + Send + Sync + 'static>(
     client: kube::Client,
     node: String,
@@ -82,5 +82,5 @@ pub async fn follow<C: ClaimSource + Send + Sync + 'static>(
             changed
         });
     }
-    inventory::stop_serving(observed, writer).await;
+    physical_gpu_objects::stop_serving(observed, writer).await;
 }

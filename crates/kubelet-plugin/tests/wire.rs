@@ -1,7 +1,7 @@
 //! Wire test: the registration and DRA services over real Unix sockets, driven by a gRPC client.
 
 use kubelet_plugin::grpc::DraService;
-use kubelet_plugin::health::HealthService;
+use kubelet_plugin::liveness::HealthService;
 use kubelet_plugin::proto::registration::registration_client::RegistrationClient;
 use kubelet_plugin::proto::registration::{InfoRequest, RegistrationStatus};
 use kubelet_plugin::proto::{dra_v1, dra_v1beta1};
