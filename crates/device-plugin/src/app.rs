@@ -94,6 +94,7 @@ fn read_plan(offer: &Offer, roots: &DriverPaths) -> anyhow::Result<Read> {
 
 /// Runs the plugin until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let shutdown = service::shutdown::Shutdown::on_signal();
     let roots = config.node.driver_paths();
     tracing::info!(node = %config.node_name, "starting");
     let offer = config.offer()?;
@@ -187,7 +188,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The health task ends only if the NVML monitor died: then nothing would notice a GPU fail,
     // so the plugin stops (its DaemonSet restarts it) rather than serve stale health.
     let outcome = tokio::select! {
-        () = service::shutdown::signal() => Ok(()),
+        () = shutdown.wait() => Ok(()),
         _ = health => Err(anyhow::anyhow!("the NVML monitor stopped; device health can no longer be read")),
     };
     tracing::info!("stopping");

@@ -24,9 +24,10 @@ use gpu_discovery::DriverPaths;
 use gpu_discovery::health::{Change, Severity, Tracker};
 use gpu_discovery::{InitMode, NvmlSession, UnreadableGpu, root};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use node_agent::gpu_health::{self, HealthSink, Wording};
 use node_agent::sockets::private_dir;
+use service::events::EventPublisher;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -185,13 +186,13 @@ pub fn unreadable_note(gpu: &UnreadableGpu) -> String {
 /// Publishes Events on the plugin's Node.
 #[derive(Clone)]
 struct NodeEvents {
-    recorder: Recorder,
+    events: EventPublisher,
     node: ObjectReference,
 }
 
 impl NodeEvents {
     fn new(client: &kube::Client, node: &str) -> Self {
-        let recorder = Recorder::new(
+        let events = EventPublisher::new(
             client.clone(),
             Reporter {
                 controller: "gpu-kubelet-plugin".into(),
@@ -204,25 +205,19 @@ impl NodeEvents {
             name: Some(node.to_owned()),
             ..Default::default()
         };
-        Self { recorder, node }
+        Self { events, node }
     }
 
     /// Publishes a Warning (or Normal) Event; a failure is logged.
     async fn publish(&self, reason: &str, note: String, warning: bool) {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(note),
-            action: if warning { "Recover" } else { "Recovered" }.into(),
-            secondary: None,
+        let (type_, action) = if warning {
+            (EventType::Warning, "Recover")
+        } else {
+            (EventType::Normal, "Recovered")
         };
-        if let Err(e) = self.recorder.publish(&event, &self.node).await {
-            tracing::warn!(error = %e, reason, "could not publish an event on the node");
-        }
+        self.events
+            .tell(&self.node, type_, reason, action, note)
+            .await;
     }
 }
 

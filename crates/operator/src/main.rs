@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use kube::runtime::events::Recorder;
 use operator::controller::discovery::FeatureCache;
 use operator::controller::{self, Metrics, Settings};
 use operator::render::DefaultImages;
+use service::events::EventPublisher;
 use service::leader::Election;
 use service::logging::LogFormat;
 
@@ -158,11 +158,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             // GPUClass controller and the pending-pod explainer live as long as the GPUCluster
             // controller, which ends on shutdown.
             let features = Arc::new(FeatureCache::new(client.clone()));
-            let recorder = || Recorder::new(client.clone(), controller::reporter());
+            let events = || EventPublisher::new(client.clone(), controller::reporter());
             tokio::select! {
                 () = controller::run(client.clone(), settings, metrics, features.clone(), shutdown.wait()) => {}
-                () = operator::classes::run(client.clone(), features, recorder()) => {}
-                () = operator::pending::run(client.clone(), recorder()) => {}
+                () = operator::classes::run(client.clone(), features, events()) => {}
+                () = operator::pending::run(client.clone(), events()) => {}
             }
         })
         .await

@@ -15,9 +15,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::ListParams;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Resource, ResourceExt};
+use service::events::EventPublisher;
 
 /// What one of our DeviceClasses selects, as conditions on a `gpu.nvidia.com` device: the
 /// built-in classes by `type`, a GPUClass's by its variant's criteria; `None` for any other class.
@@ -226,7 +227,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// Watches unscheduled Pending pods and tells each one that waits for our devices why, once.
-pub async fn run(client: kube::Client, recorder: Recorder) {
+pub async fn run(client: kube::Client, events: EventPublisher) {
     let pods: Api<Pod> = Api::all(client.clone());
     let config = watcher::Config::default().fields("status.phase=Pending,spec.nodeName=");
     let mut told: HashSet<String> = HashSet::new();
@@ -238,7 +239,7 @@ pub async fn run(client: kube::Client, recorder: Recorder) {
                 if told.contains(&uid) || !unschedulable(&pod) {
                     continue;
                 }
-                match tell(&client, &recorder, &pod).await {
+                match tell(&client, &events, &pod).await {
                     Ok(true) => {
                         told.insert(uid);
                     }
@@ -259,7 +260,7 @@ pub async fn run(client: kube::Client, recorder: Recorder) {
 
 /// Publishes the Event for `pod` when it waits for devices of our classes, or its claims name a
 /// DeviceClass that does not exist; whether it did.
-async fn tell(client: &kube::Client, recorder: &Recorder, pod: &Pod) -> kube::Result<bool> {
+async fn tell(client: &kube::Client, events: &EventPublisher, pod: &Pod) -> kube::Result<bool> {
     let ns = pod.namespace().unwrap_or_default();
     let claims_here: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
     let mut classes: BTreeMap<String, i64> = BTreeMap::new();
@@ -337,8 +338,8 @@ async fn tell(client: &kube::Client, recorder: &Recorder, pod: &Pod) -> kube::Re
         action: "Scheduling".into(),
         secondary: None,
     };
-    recorder
-        .publish(&event, &pod.object_ref(&()))
+    events
+        .try_publish(&event, &pod.object_ref(&()))
         .await
         .map_err(|e| kube::Error::Service(Box::new(e)))?;
     Ok(true)

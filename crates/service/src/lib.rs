@@ -2,6 +2,7 @@
 //! health endpoints, shutdown on SIGTERM, a kube client and Lease-based leader election.
 
 pub mod binary;
+pub mod events;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake_api;
 pub mod http;

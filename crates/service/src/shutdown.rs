@@ -1,27 +1,33 @@
-//! Graceful shutdown.
+//! Graceful shutdown: one [`Shutdown`] handle per process, resolving in every holder once SIGTERM
+//! or SIGINT arrives.
 
-/// Resolves when the process receives SIGTERM or SIGINT.
-pub async fn signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
-    }
-}
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// A cloneable handle that resolves, in every holder, once SIGTERM or SIGINT arrives.
 #[derive(Clone, Debug)]
 pub struct Shutdown(tokio::sync::watch::Receiver<bool>);
 
 impl Shutdown {
-    /// Starts listening for the signals (needs a tokio runtime).
+    /// Installs the SIGTERM and SIGINT handlers now (so a signal arriving from here on never
+    /// takes its default, killing action) and listens for them (needs a tokio runtime). Where a
+    /// handler cannot be installed, that is logged and the handle never resolves.
     pub fn on_signal() -> Self {
         let (tx, rx) = tokio::sync::watch::channel(false);
+        let handlers = signal(SignalKind::terminate())
+            .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)));
         tokio::spawn(async move {
-            signal().await;
-            let _ = tx.send(true);
+            match handlers {
+                Ok((term, int)) => {
+                    first_of(term, int).await;
+                    let _ = tx.send(true);
+                }
+                Err(error) => {
+                    tracing::error!(%error, "cannot watch SIGTERM/SIGINT; shutting down gracefully is not possible");
+                    // The sender stays, so holders wait rather than stop.
+                    let _keep = tx;
+                    std::future::pending::<()>().await;
+                }
+            }
         });
         Shutdown(rx)
     }
@@ -32,5 +38,12 @@ impl Shutdown {
         async move {
             let _ = rx.wait_for(|stop| *stop).await;
         }
+    }
+}
+
+async fn first_of(mut term: Signal, mut int: Signal) {
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
     }
 }

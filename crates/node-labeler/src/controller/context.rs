@@ -11,7 +11,6 @@ use api::{AllocationMode, GPUCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::PartialObjectMeta;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::Settings;
@@ -43,7 +42,7 @@ pub(super) struct Context {
     /// The GPUCluster's plane-policy rules, parsed once per spec (uid and generation), so a bad
     /// rule is parsed and logged once per change, not once per node reconcile.
     pub(super) rules: std::sync::Mutex<Option<(RulesOf, Vec<Rule>)>>,
-    pub(super) recorder: Recorder,
+    pub(super) events: service::events::EventPublisher,
     pub(super) metrics: Metrics,
 }
 

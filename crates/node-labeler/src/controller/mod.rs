@@ -16,7 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates};
@@ -176,9 +176,7 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         .chain(step_event)
         .chain(no_plane_event)
     {
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            tracing::warn!(node = %name, error = %e, "publishing an event failed");
-        }
+        ctx.events.publish(&event, &reference).await;
     }
     let deferred = plan.is_deferred();
     if deferred {
@@ -336,7 +334,7 @@ pub async fn run(
         );
 
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: service::events::EventPublisher::new(client.clone(), reporter),
         client,
         evictions,
         settings,

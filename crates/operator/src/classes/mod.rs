@@ -15,14 +15,15 @@ use jiff::Timestamp;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
+use service::events::EventPublisher;
 
 use crate::controller::discovery::FeatureCache;
-use crate::events::publish_event;
+use crate::events::RECONCILE;
 use crate::features::Feature;
 
 pub mod render;
@@ -68,13 +69,15 @@ struct Context {
     slices: Store<ResourceSlice>,
     /// The derived DeviceClasses, as a watch keeps them.
     device_classes: Store<DeviceClass>,
-    recorder: Recorder,
+    events: EventPublisher,
 }
 
 impl Context {
     async fn event(&self, class: &GPUClass, type_: EventType, reason: &str, note: String) {
         let regarding = class.object_ref(&());
-        publish_event(&self.recorder, &regarding, type_, reason, note).await;
+        self.events
+            .tell(&regarding, type_, reason, RECONCILE, note)
+            .await;
     }
 
     /// Writes `status` unless the class already shows it. Returns whether it wrote.
@@ -325,7 +328,7 @@ fn error_policy(class: Arc<GPUClass>, error: &Error, _ctx: Arc<Context>) -> Acti
 }
 
 /// Runs the GPUClass controller until the process stops.
-pub async fn run(client: kube::Client, features: Arc<FeatureCache>, recorder: Recorder) {
+pub async fn run(client: kube::Client, features: Arc<FeatureCache>, events: EventPublisher) {
     let (slices, writer) = reflector::store();
     let driver = format!("spec.driver={DRIVER_NAME}");
     let slice_changes = reflector::reflector(
@@ -353,7 +356,7 @@ pub async fn run(client: kube::Client, features: Arc<FeatureCache>, recorder: Re
         features,
         slices,
         device_classes,
-        recorder,
+        events,
     });
     Controller::new(Api::<GPUClass>::all(client), watcher::Config::default())
         .owns_stream(derived_changes)

@@ -1,9 +1,17 @@
 //! The operator's counters and gauges.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+
+/// Labels of the reconcile error counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ErrorLabels {
+    /// The cause ([`super::Error::metric_label`]).
+    pub(super) error: &'static str,
+}
 
 /// Counters and gauges of the operator's work.
 #[derive(Clone, Debug, Default)]
@@ -13,7 +21,7 @@ pub struct Metrics {
     pub(super) deletes: Counter,
     pub(super) status_writes: Counter,
     pub(super) ready: Gauge,
-    pub(super) errors: Family<Vec<(String, String)>, Counter>,
+    pub(super) errors: Family<ErrorLabels, Counter>,
 }
 
 impl Metrics {

@@ -13,13 +13,14 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use kube::api::DynamicObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
+use service::events::EventPublisher;
 
-use crate::events::publish_event;
+use crate::events::RECONCILE;
 use crate::features::Feature;
 use crate::pod_creation;
 use crate::render::{self, ClusterFacts, DefaultImages, Inputs, Object};
@@ -62,7 +63,7 @@ pub struct Settings {
 struct Context {
     client: kube::Client,
     settings: Settings,
-    recorder: Recorder,
+    events: EventPublisher,
     metrics: Metrics,
     /// Which optional APIs are served, and when that was asked.
     served: tokio::sync::Mutex<Option<(std::time::Instant, discovery::Served)>>,
@@ -76,7 +77,9 @@ struct Context {
 
 impl Context {
     async fn event(&self, gc: &GPUCluster, type_: EventType, reason: &str, note: String) {
-        publish_event(&self.recorder, &gc.object_ref(&()), type_, reason, note).await;
+        self.events
+            .tell(&gc.object_ref(&()), type_, reason, RECONCILE, note)
+            .await;
     }
 }
 
@@ -253,7 +256,9 @@ fn error_policy(_gc: Arc<GPUCluster>, error: &Error, ctx: Arc<Context>) -> Actio
     tracing::warn!(%error, "reconcile failed");
     ctx.metrics
         .errors
-        .get_or_create(&vec![("error".into(), error.metric_label().into())])
+        .get_or_create(&metrics::ErrorLabels {
+            error: error.metric_label(),
+        })
         .inc();
     Action::requeue(Duration::from_secs(5))
 }
@@ -288,7 +293,7 @@ pub async fn run(
     let (operands, writers) = cache::Operands::new(&ns);
     let ctx = Arc::new(Context {
         operands,
-        recorder: Recorder::new(client.clone(), reporter()),
+        events: EventPublisher::new(client.clone(), reporter()),
         client: client.clone(),
         settings,
         metrics,

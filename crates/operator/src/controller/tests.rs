@@ -11,7 +11,7 @@ use http::{Method, Response, StatusCode};
 use kube::api::DynamicObject;
 use kube::client::Body;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use serde_json::{Value, json};
 use service::fake_api::{self, failure, reply};
 
@@ -209,7 +209,7 @@ impl FakeApi {
         };
         Arc::new(Context {
             operands,
-            recorder: Recorder::new(client.clone(), reporter),
+            events: service::events::EventPublisher::new(client.clone(), reporter),
             features: Arc::new(discovery::FeatureCache::new(client.clone())),
             client,
             settings: Settings {
