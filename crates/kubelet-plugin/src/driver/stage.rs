@@ -1,0 +1,242 @@
+//! One claim's prepare and unprepare, staged in memory and on the CDI folder until the call
+//! commits (see [`super`]): the exclusive-use check, time slices and MPS daemons set up or
+//! taken down, the CDI spec written or removed, and undoing it all when a step fails.
+
+use super::{ClaimFailure, ClaimSource, Driver, Staged};
+use crate::cdi;
+use crate::checkpoint::{Checkpoint, ClaimEntry, ClaimState};
+use crate::claim;
+use crate::types::{ClaimRef, PreparedDevice};
+use std::io;
+use std::time::Instant;
+impl<C: ClaimSource> Driver<C> {
+    pub(super) fn completed(checkpoint: &Checkpoint, uid: &str) -> Option<Vec<PreparedDevice>> {
+        checkpoint
+            .claims
+            .get(uid)
+            .filter(|e| e.state == ClaimState::PrepareCompleted)
+            .map(|e| e.devices.clone())
+    }
+
+    /// Prepares one claim in memory and on the CDI folder; the call commits it.
+    pub(super) async fn stage_prepare(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<Staged<Vec<PreparedDevice>>, ClaimFailure> {
+        if let (Some(answer), version) = self.ledger.read(|cp| Self::completed(cp, &claim.uid)) {
+            return Ok(Staged {
+                answer,
+                version,
+                added: false,
+            });
+        }
+        let asked = Instant::now();
+        let object = self.claims.get(&claim.namespace, &claim.name).await;
+        if let Some(m) = &self.metrics {
+            m.observe_claim_read(asked.elapsed());
+        }
+        let object = object?;
+        let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)?;
+        let claim::Resolved {
+            devices,
+            time_slices,
+            mps,
+        } = claim::resolve(&object, &allocated, &self.table, &self.driver_name)?;
+        let prepared: Vec<PreparedDevice> = allocated
+            .iter()
+            .map(|a| PreparedDevice {
+                request_names: vec![a.request.clone()],
+                pool: self.pool.clone(),
+                device: a.device.clone(),
+                cdi_device_ids: vec![cdi::device_id(&claim.uid, &a.device)],
+                admin_access: a.admin_access,
+                share_id: a.share_id.clone(),
+            })
+            .collect();
+
+        let (reserved, version) = self.ledger.change(|state| {
+            if let Some(done) = Self::completed(state, &claim.uid) {
+                return Ok(Some(done));
+            }
+            for d in prepared.iter().filter(|d| !d.admin_access) {
+                let shared = d.share_id.is_some();
+                if let Some(holder) = state.exclusive_holder(&claim.uid, &d.pool, &d.device, shared)
+                {
+                    return Err(ClaimFailure::DeviceInUse {
+                        device: d.device.clone(),
+                        holder: holder.to_string(),
+                    });
+                }
+            }
+            for (gpu, &asked) in &time_slices {
+                if let Some((holder, held)) = state.time_slice_holder(&claim.uid, gpu, asked) {
+                    return Err(ClaimFailure::TimeSliceConflict {
+                        gpu: gpu.clone(),
+                        asked,
+                        holder: describe(state, holder),
+                        held,
+                    });
+                }
+            }
+            state.claims.insert(
+                claim.uid.clone(),
+                ClaimEntry {
+                    state: ClaimState::PrepareStarted,
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    devices: prepared.clone(),
+                    time_slices: time_slices.clone(),
+                    mps: mps.clone(),
+                },
+            );
+            Ok(None)
+        });
+        if let Some(answer) = reserved? {
+            return Ok(Staged {
+                answer,
+                version,
+                added: false,
+            });
+        }
+        if !time_slices.is_empty() || mps.is_some() {
+            // What follows changes the node where the table cannot find it again: commit first.
+            if let Err(e) = self.ledger.commit(version).await {
+                self.take_back(claim);
+                return Err(ClaimFailure::Checkpoint(e.to_string()));
+            }
+        }
+        for (gpu, &interval) in &time_slices {
+            if let Err(reason) = self.slicer.set(gpu, interval).await {
+                self.abandon(claim).await;
+                return Err(ClaimFailure::TimeSlice {
+                    gpu: gpu.clone(),
+                    reason,
+                });
+            }
+        }
+        if let Some(daemon) = &mps
+            && let Err(reason) = self.daemons.start(&claim.uid, daemon).await
+        {
+            self.abandon(claim).await;
+            return Err(ClaimFailure::Mps(reason));
+        }
+
+        let cdi = self.cdi.clone();
+        let uid = claim.uid.clone();
+        let daemon = mps.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            cdi.write(&uid, &devices.iter().collect::<Vec<_>>(), daemon.as_ref())
+        })
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e).into()));
+        if let Err(e) = written {
+            self.abandon(claim).await;
+            return Err(ClaimFailure::CdiWrite(e.to_string()));
+        }
+        let (still_there, version) = self.ledger.change(|state| {
+            state.claims.get_mut(&claim.uid).map(|entry| {
+                entry.state = ClaimState::PrepareCompleted;
+            })
+        });
+        if still_there.is_none() {
+            // Unprepared while its spec was being written: leave nothing behind.
+            let _ = self.cdi.remove(&claim.uid);
+            if mps.is_some() {
+                let _ = self.daemons.stop(&claim.uid).await;
+            }
+            return Err(ClaimFailure::Unprepared);
+        }
+        Ok(Staged {
+            answer: prepared,
+            version,
+            added: true,
+        })
+    }
+
+    /// Forgets a claim this call added and undoes what it changed on the node: its daemon
+    /// stopped, its GPUs' intervals put back to what the remaining claims want (best effort,
+    /// for failures; what fails is logged, and the next start sweeps daemons again).
+    pub(super) async fn abandon(&self, claim: &ClaimRef) {
+        let (entry, _) = self.ledger.read(|cp| cp.claims.get(&claim.uid).cloned());
+        self.take_back(claim);
+        let Some(entry) = entry else { return };
+        if entry.mps.is_some()
+            && let Err(e) = self.daemons.stop(&claim.uid).await
+        {
+            tracing::warn!(claim = %claim, error = %e, "stopping the MPS control daemon after a failed prepare");
+        }
+        let gpus = entry.time_slices.into_keys().collect();
+        for (gpu, e) in self.settle_time_slices(&gpus).await {
+            tracing::warn!(%gpu, error = %e, "restoring a GPU's time-slice interval after a failed prepare");
+        }
+    }
+
+    /// Forgets a claim this call added: its spec and its entry (best effort, for failures).
+    pub(super) fn take_back(&self, claim: &ClaimRef) {
+        let _ = self.cdi.remove(&claim.uid);
+        self.ledger.change(|state| state.claims.remove(&claim.uid));
+    }
+
+    /// Unprepares one claim in memory and on the CDI folder; the call commits it. Unknown
+    /// claims succeed once what is known is committed.
+    pub(super) async fn stage_unprepare(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<Staged<()>, ClaimFailure> {
+        let (known, version) = self.ledger.read(|cp| cp.claims.contains_key(&claim.uid));
+        // The GPUs whose interval changes when this claim goes, set before it is forgotten so
+        // that a failure leaves the claim for the kubelet's retry.
+        let (restores, _) = self.ledger.read(|cp| {
+            cp.claims.get(&claim.uid).map_or_else(Vec::new, |entry| {
+                entry
+                    .time_slices
+                    .iter()
+                    .map(|(gpu, &mine)| (gpu.clone(), mine, cp.wanted_time_slice(gpu, &claim.uid)))
+                    .filter(|(_, mine, wanted)| mine != wanted)
+                    .map(|(gpu, _, wanted)| (gpu, wanted))
+                    .collect()
+            })
+        });
+        for (gpu, wanted) in restores {
+            self.slicer
+                .set(&gpu, wanted)
+                .await
+                .map_err(|reason| ClaimFailure::TimeSlice { gpu, reason })?;
+        }
+        let (runs_daemon, _) = self.ledger.read(|cp| {
+            cp.claims
+                .get(&claim.uid)
+                .is_some_and(|entry| entry.mps.is_some())
+        });
+        if runs_daemon {
+            self.daemons
+                .stop(&claim.uid)
+                .await
+                .map_err(ClaimFailure::Mps)?;
+        }
+        if known {
+            self.cdi
+                .remove(&claim.uid)
+                .map_err(|e| ClaimFailure::CdiRemove(e.to_string()))?;
+        }
+        let version = if known {
+            let (_, removed) = self.ledger.change(|state| state.claims.remove(&claim.uid));
+            removed
+        } else {
+            version
+        };
+        Ok(Staged {
+            answer: (),
+            version,
+            added: false,
+        })
+    }
+}
+
+/// `<namespace>/<name>` of the claim with `uid` in `checkpoint`, else the UID.
+pub(super) fn describe(checkpoint: &Checkpoint, uid: &str) -> String {
+    checkpoint
+        .claims
+        .get(uid)
+        .map_or_else(|| uid.to_owned(), |e| format!("{}/{}", e.namespace, e.name))
+}
