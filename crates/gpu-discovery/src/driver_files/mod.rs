@@ -13,7 +13,13 @@
 use api::contract::paths;
 use std::collections::BTreeSet;
 use std::fmt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+mod nodes;
+mod tree;
+
+pub use nodes::{char_major, control_nodes, gpu_node, mig_caps, parse_access};
+pub use tree::{Entry, RootTree, Tree, host_path, resolve};
 
 /// Library search dirs, inside a root, in search order.
 pub const LIBRARY_DIRS: [&str; 7] = paths::LIBRARY_SEARCH_DIRS;
@@ -61,91 +67,6 @@ pub const CONTROL_NODES: [&str; 4] = [
 pub const CAPABILITIES_DIR: &str = "/proc/driver/nvidia/capabilities";
 /// Where the MIG capability device nodes are created.
 pub const CAPS_DEV_DIR: &str = "/dev/nvidia-caps";
-
-/// One stat result, symlinks not followed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    /// A regular file of this many bytes.
-    File {
-        /// Size in bytes.
-        len: u64,
-    },
-    /// A directory.
-    Dir,
-    /// A symlink with its target as written.
-    Symlink(PathBuf),
-    /// A Unix socket.
-    Socket,
-    /// A character device.
-    CharDevice,
-    /// Anything else.
-    Other,
-}
-
-/// What discovery reads; every path is absolute as seen inside the root.
-pub trait Tree {
-    /// The entry at `path`, symlinks not followed; `None` when nothing is there.
-    fn entry(&self, path: &Path) -> Option<Entry>;
-    /// Names in the directory at `path` (empty when it is not one).
-    fn list(&self, path: &Path) -> Vec<String>;
-    /// A small text file's contents.
-    fn read(&self, path: &Path) -> Option<String>;
-}
-
-/// A [`Tree`] over a directory of this container.
-#[derive(Debug, Clone)]
-pub struct RootTree {
-    root: PathBuf,
-}
-
-impl RootTree {
-    /// The tree rooted at `root`.
-    pub fn new(root: &Path) -> Self {
-        Self {
-            root: root.to_path_buf(),
-        }
-    }
-
-    fn real(&self, path: &Path) -> PathBuf {
-        self.root.join(relative(path))
-    }
-}
-
-impl Tree for RootTree {
-    fn entry(&self, path: &Path) -> Option<Entry> {
-        use std::os::unix::fs::FileTypeExt;
-        let real = self.real(path);
-        let meta = std::fs::symlink_metadata(&real).ok()?;
-        let kind = meta.file_type();
-        Some(if kind.is_symlink() {
-            Entry::Symlink(std::fs::read_link(&real).ok()?)
-        } else if kind.is_file() {
-            Entry::File { len: meta.len() }
-        } else if kind.is_dir() {
-            Entry::Dir
-        } else if kind.is_socket() {
-            Entry::Socket
-        } else if kind.is_char_device() {
-            Entry::CharDevice
-        } else {
-            Entry::Other
-        })
-    }
-
-    fn list(&self, path: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.real(path))
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .collect();
-        names.sort();
-        names
-    }
-
-    fn read(&self, path: &Path) -> Option<String> {
-        std::fs::read_to_string(self.real(path)).ok()
-    }
-}
 
 /// A library: its real (versioned) file and the symlinks beside it that lead there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,84 +129,6 @@ pub struct CapNode {
     pub minor: u32,
     /// `DeviceFileMode` from the `access` file, when given.
     pub mode: Option<u32>,
-}
-
-/// `path` made relative (its normal components only).
-fn relative(path: &Path) -> PathBuf {
-    path.components()
-        .filter(|c| matches!(c, Component::Normal(_)))
-        .collect()
-}
-
-/// The host path of `inside` (a path inside the root) when the root is at `host_root` on the host.
-pub fn host_path(host_root: &Path, inside: &Path) -> PathBuf {
-    host_root.join(relative(inside))
-}
-
-/// Follows `start` inside the tree the way the node resolves it with the tree as its `/`: one
-/// component at a time, a symlink met anywhere on the way (not only at the end) replaced by its
-/// target, absolute targets taken from the root, and `..` at the root staying there. Returns the
-/// final path (absolute, without symlinks or `..`) and its entry; `None` when something on the
-/// way is missing or not a directory, or the links loop (40 hops, as Linux allows).
-pub fn resolve(tree: &dyn Tree, start: &Path) -> Option<(PathBuf, Entry)> {
-    // `done` holds only real directories of the tree, so looking a name up below it follows no
-    // symlink of the container's own filesystem view.
-    let mut done = PathBuf::from("/");
-    let mut todo = steps(start);
-    let mut hops = 0;
-    let mut last = Entry::Dir;
-    while let Some(step) = todo.pop_front() {
-        match step {
-            Step::Root => {
-                done = PathBuf::from("/");
-                last = Entry::Dir;
-            }
-            Step::Parent => {
-                done.pop();
-                last = Entry::Dir;
-            }
-            Step::Name(name) => {
-                let next = done.join(name);
-                match tree.entry(&next)? {
-                    Entry::Symlink(target) => {
-                        hops += 1;
-                        if hops > 40 {
-                            return None;
-                        }
-                        for step in steps(&target).into_iter().rev() {
-                            todo.push_front(step);
-                        }
-                    }
-                    entry => {
-                        if !todo.is_empty() && entry != Entry::Dir {
-                            return None;
-                        }
-                        done = next;
-                        last = entry;
-                    }
-                }
-            }
-        }
-    }
-    Some((done, last))
-}
-
-/// One step of a path walk.
-enum Step {
-    Root,
-    Parent,
-    Name(std::ffi::OsString),
-}
-
-fn steps(path: &Path) -> std::collections::VecDeque<Step> {
-    path.components()
-        .filter_map(|c| match c {
-            Component::RootDir | Component::Prefix(_) => Some(Step::Root),
-            Component::ParentDir => Some(Step::Parent),
-            Component::Normal(n) => Some(Step::Name(n.to_os_string())),
-            Component::CurDir => None,
-        })
-        .collect()
 }
 
 /// Finds the library whose file names are `<stem>` or start with `<stem>.` (`libcuda.so`, `libcuda.so.1`,
@@ -434,107 +277,6 @@ pub fn discover(tree: &dyn Tree) -> DriverFiles {
         .map(Path::to_path_buf)
         .collect();
     files
-}
-
-fn is_node(tree: &dyn Tree, path: &Path) -> bool {
-    matches!(
-        resolve(tree, path),
-        Some((_, Entry::CharDevice | Entry::File { .. }))
-    )
-}
-
-/// The control nodes present in the dev tree.
-pub fn control_nodes(dev: &dyn Tree) -> Vec<PathBuf> {
-    CONTROL_NODES
-        .iter()
-        .map(PathBuf::from)
-        .filter(|p| is_node(dev, p))
-        .collect()
-}
-
-/// `/dev/nvidia<minor>`, or what is missing.
-pub fn gpu_node(dev: &dyn Tree, minor: u32) -> Result<PathBuf, Missing> {
-    let path = PathBuf::from(format!("/dev/nvidia{minor}"));
-    if is_node(dev, &path) {
-        Ok(path)
-    } else {
-        Err(Missing {
-            item: path.display().to_string(),
-            looked: vec![path.display().to_string()],
-        })
-    }
-}
-
-/// The major of `name` in the character-device section of `/proc/devices`.
-pub fn char_major(proc_devices: &str, name: &str) -> Option<u32> {
-    let mut in_char = false;
-    for line in proc_devices.lines() {
-        let line = line.trim();
-        if line.ends_with(':') {
-            in_char = line == "Character devices:";
-            continue;
-        }
-        let mut parts = line.split_whitespace();
-        if let (true, Some(major), Some(n)) = (in_char, parts.next(), parts.next())
-            && n == name
-        {
-            return major.parse().ok();
-        }
-    }
-    None
-}
-
-/// `DeviceFileMinor` and `DeviceFileMode` of a capability `access` file.
-pub fn parse_access(text: &str) -> Option<(u32, Option<u32>)> {
-    let field = |key: &str| {
-        text.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == key).then(|| v.trim().parse::<u32>().ok())?
-        })
-    };
-    Some((field("DeviceFileMinor")?, field("DeviceFileMode")))
-}
-
-/// The capability nodes of a MIG device (GPU instance `gi`, compute instance `ci` on the GPU with
-/// minor `parent_minor`), from `/proc` of the node; or what is missing.
-pub fn mig_caps(
-    proc: &dyn Tree,
-    parent_minor: u32,
-    gi: u32,
-    ci: u32,
-) -> Result<Vec<CapNode>, Missing> {
-    let devices = Path::new("/proc/devices");
-    let gi_dir = Path::new(CAPABILITIES_DIR).join(format!("gpu{parent_minor}/mig/gi{gi}"));
-    let access = [
-        gi_dir.join("access"),
-        gi_dir.join(format!("ci{ci}")).join("access"),
-    ];
-    let missing = |item: String| Missing {
-        item,
-        looked: std::iter::once(devices)
-            .chain(access.iter().map(PathBuf::as_path))
-            .map(|p| p.display().to_string())
-            .collect(),
-    };
-    let major = proc
-        .read(devices)
-        .and_then(|t| char_major(&t, "nvidia-caps"))
-        .ok_or_else(|| missing("the nvidia-caps major".to_owned()))?;
-    access
-        .iter()
-        .map(|path| {
-            let (minor, mode) = proc
-                .read(path)
-                .and_then(|t| parse_access(&t))
-                .ok_or_else(|| missing(format!("{}", path.display())))?;
-            Ok(CapNode {
-                path: Path::new(CAPS_DEV_DIR).join(format!("nvidia-cap{minor}")),
-                major,
-                minor,
-                mode,
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]
