@@ -117,6 +117,7 @@ impl Env {
 
 pub mod dra_node;
 pub mod helm;
+pub mod real_nodes;
 
 /// A child process that is killed when the test lets go of it.
 #[derive(Debug)]

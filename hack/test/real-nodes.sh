@@ -87,6 +87,11 @@ cleanup() {
   local rc=$?
   # A pipeline's subshell may run the trap too; only the test's own shell cleans up.
   [[ "$BASHPID" == "$$" ]] || return "$rc"
+  if [[ -n "${kept:-}" ]]; then
+    summary "real-node test (stopped after the scenarios, cluster kept)"
+    ((failed == 0)) || exit 1
+    exit 0
+  fi
   finish_cluster_test "$rc" "real-node test" "no process, netns, link, cgroup, mount or firewall rule left behind" host_diff
 }
 trap cleanup EXIT
@@ -736,163 +741,36 @@ fi
 gpu_pod two-gpus real-gpu-1 2
 check_gpu_pod two-gpus real-gpu-1 2
 
-# Time-slicing written for the upstream driver (its quickstart's shape): one ResourceClaim whose
-# GpuConfig asks for TimeSlicing with interval Short, named by two pods. The plugin sets the GPU's
-# compute time-slice through the driver's nvidia-smi at prepare, and puts it back at unprepare; what
-# the node's nvidia-smi shows (run inside the node, as an admin would) is what the driver holds.
-node_timeslice() { "$HACK_DIR/cluster" node-exec "$1" nvidia-smi compute-policy -l -i "$2" 2>&1 | sed -n 's/.*Timeslice //p'; }
-# sharing_claim NAME SHARING: a ResourceClaim for one GPU whose GpuConfig's `sharing` is SHARING
-# (flow-style YAML), as the upstream driver's documentation writes them.
-sharing_claim() {
-  k apply -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $1, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {deviceClassName: gpu.nvidia.com}
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.nvidia.com
-        parameters: {apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig, sharing: $2}
-EOF
+# Claims written for the upstream driver's sharing API (time-slicing, MPS per claim), what a
+# prepared claim's status says, and CEL selection on the published attributes: the Rust scenarios
+# of e2e/tests/real_nodes.rs on this cluster, one PASS or FAIL line each (the subset leaves out CEL
+# selection, as it leaves out the other selection checks). With KEEP_CLUSTER=1 the test stops after
+# them and leaves the cluster up, the chart installed, for running one alone (e2e/run.sh --real-nodes).
+# scenario_verdicts LOG: "NAME ok|FAILED" per test in the output of libtest with --nocapture, where
+# a test's own lines come between its "test NAME ... " and its verdict, alone on a line.
+scenario_verdicts() {
+  awk 'match($0, /^test [A-Za-z0-9_:]+ \.\.\. /) {
+         name = $2; rest = substr($0, RLENGTH + 1)
+         if (rest == "ok" || rest == "FAILED") { print name, rest; name = "" }
+         next
+       }
+       name != "" && ($0 == "ok" || $0 == "FAILED") { print name, $0; name = "" }' "$1"
 }
-sharing_claim ts-short '{strategy: TimeSlicing, timeSlicingConfig: {interval: Short}}'
-for pod in ts-a ts-b; do
-  k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: $pod, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  nodeSelector: {kubernetes.io/hostname: real-gpu-0}
-  resourceClaims: [{name: gpu, resourceClaimName: ts-short}]
-  containers:
-  - name: ctr
-    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
-    command: ["sh", "-c", "nvidia-smi -L; sleep 3600"]
-    resources:
-      claims: [{name: gpu}]
-EOF
-done
-both_sliced() { running ts-a && running ts-b; }
-if wait_until 120 both_sliced; then
-  ts_uuid="$(k -n default logs ts-a | grep -o 'GPU-[0-9a-f-]*' | head -1)"
-  ts_uuid_b="$(k -n default logs ts-b | grep -o 'GPU-[0-9a-f-]*' | head -1)"
-  ts_now="$(node_timeslice real-gpu-0 "$ts_uuid")"
-  if [[ -n "$ts_uuid" && "$ts_uuid" == "$ts_uuid_b" && "$ts_now" == SHORT ]]; then
-    pass "ts-a and ts-b run time-sliced on $ts_uuid through one claim asking for interval Short; the node's nvidia-smi shows Timeslice SHORT"
-  else
-    fail "time-sliced pods saw '$ts_uuid' and '$ts_uuid_b'; the node's nvidia-smi shows Timeslice '$ts_now' for it"
-  fi
-  # What the claim holds, in its status.devices (docs/claim-status.md), as the plugin wrote it.
-  held_by() { k -n default get resourceclaim "$1" -o jsonpath='{range .status.devices[*]}{.driver} {.pool} {.data.uuid} {.data.productName} Ready={.conditions[?(@.type=="Ready")].status}{"\n"}{end}'; }
-  says_held() { [[ "$(held_by ts-short)" == "gpu.nvidia.com real-gpu-0 $ts_uuid NVIDIA "*" Ready=True" ]]; }
-  if wait_until 30 says_held; then
-    pass "ts-short's status.devices says what it holds: $(held_by ts-short)"
-  else
-    fail "ts-short's status.devices: '$(held_by ts-short)' (expected $ts_uuid on real-gpu-0, Ready)"
-  fi
-  if full; then
-    # Only the plugin of the claim's node may change its entries (1.36+: associated-node).
-    ts_device="$(k -n default get resourceclaim ts-short -o jsonpath='{.status.allocation.devices.results[0].device}')"
-    entry="{\"status\":{\"devices\":[{\"driver\":\"gpu.nvidia.com\",\"pool\":\"real-gpu-0\",\"device\":\"$ts_device\"}]}}"
-    status_as() { # NODE: the node's plugin token patches ts-short's status (server dry run)
-      local pod kc
-      pod="$(k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector "spec.nodeName=$1" -o jsonpath='{.items[0].metadata.name}')"
-      kc="$("$HACK_DIR/cluster" sa-kubeconfig "$GNS" "$plugin_sa" "$pod")"
-      "$BIN_DIR/kubectl" --kubeconfig "$kc" -n default patch resourceclaim ts-short --subresource=status \
-        --type=merge -p "$entry" --dry-run=server 2>&1 || true
-    }
-    own_node="$(status_as real-gpu-0)"
-    other_node="$(status_as real-gpu-1)"
-    # (kubectl says "patched" for a dry run of a subresource patch too.)
-    if [[ "$own_node" == *"ts-short patched"* && "$other_node" == *"status.devices: Forbidden"* ]]; then
-      pass "real-gpu-0's plugin token may change ts-short's gpu.nvidia.com status entries; real-gpu-1's is refused: ${other_node:0:160}"
-    else
-      fail "claim status as plugin tokens: real-gpu-0 -> '$own_node'; real-gpu-1 -> '$other_node'"
-    fi
-  fi
-  k -n default delete pod ts-a ts-b --wait=false >/dev/null
-  no_entries() { [[ -z "$(held_by ts-short)" ]]; }
-  if wait_until 60 no_entries; then
-    pass "once ts-a and ts-b are gone, ts-short's status.devices has no entry of the plugin's"
-  else
-    fail "after its pods ts-short's status.devices still says: $(held_by ts-short)"
-  fi
-  k -n default delete resourceclaim ts-short --wait=false >/dev/null
-  back_to_default() { [[ "$(node_timeslice real-gpu-0 "$ts_uuid")" == DEFAULT ]]; }
-  if wait_until 60 back_to_default; then
-    pass "after the pods and the claim are gone, $ts_uuid is back at Timeslice DEFAULT"
-  else
-    fail "after unprepare $ts_uuid shows Timeslice '$(node_timeslice real-gpu-0 "$ts_uuid")'"
-  fi
-else
-  fail "time-sliced pods: ts-a $(pod_phase ts-a), ts-b $(pod_phase ts-b): $(k -n default describe pod ts-a | tail -4 | tr '\n' ' ')"
-  k -n default delete pod ts-a ts-b --wait=false >/dev/null
-  k -n default delete resourceclaim ts-short --wait=false >/dev/null
-fi
-
-# MPS written for the upstream driver (its documented shape): one ResourceClaim whose GpuConfig asks
-# for MPS with a thread percentage and a pinned memory limit, used by two containers of one pod. The
-# plugin runs the claim's own control daemon (the driver's nvidia-cuda-mps-control, in a pod it
-# creates on the node) on the claim's GPU with those limits; both containers get its pipe directory
-# and the limits in their environment, and reach it with the driver's client. Once the pod goes, so
-# do the daemon's pod and its directory on the node.
-sharing_claim mps-claim \
-  '{strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 50, defaultPinnedDeviceMemoryLimit: 10Gi}}'
-mps_ctr() { # NAME
-  printf '  - name: %s\n    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9\n' "$1"
-  printf '    command: ["sh", "-c", "env | grep ^CUDA_MPS_; echo get_default_active_thread_percentage | nvidia-cuda-mps-control; sleep 3600"]\n'
-  printf '    resources: {claims: [{name: gpu}]}\n'
-}
-k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: mps-pod, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  nodeSelector: {kubernetes.io/hostname: real-gpu-0}
-  resourceClaims: [{name: gpu, resourceClaimName: mps-claim}]
-  containers:
-$(mps_ctr ctr-a)
-$(mps_ctr ctr-b)
-EOF
-mps_uid="$(k -n default get resourceclaim mps-claim -o jsonpath='{.metadata.uid}')"
-mps_dir="$CLUSTER_DIR/nodes/real-gpu-0/run/nvidia/mps/claim-$mps_uid"
-mps_answered() { running mps-pod && [[ "$(k -n default logs mps-pod -c ctr-b | grep -c .)" -ge 5 ]]; }
-if wait_until 120 mps_answered; then
-  for ctr in ctr-a ctr-b; do
-    log="$(k -n default logs mps-pod -c "$ctr" | tr '\n' ' ')"
-    if [[ "$log" == *"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 "* && "$log" == *"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M "* \
-      && "$log" == *"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps "* && "$log" == *" 50.0 "* ]]; then
-      pass "mps-pod's $ctr sees its claim's MPS limits and its daemon answers 50.0: $log"
-    else
-      fail "mps-pod's $ctr under its claim's MPS daemon saw: $log"
-    fi
-  done
-  daemon="$(k -n "$GNS" get pod "mps-$mps_uid" -o jsonpath='{.spec.nodeName} {.status.phase}' 2>&1 || true)"
-  started="$(grep -h 'Startup:' "$mps_dir/log/control.log" 2>&1 || true)"
-  if [[ "$daemon" == "real-gpu-0 Running" && "$started" == *"devices GPU-"*"percentage 50.0"*"10240M"* ]]; then
-    pass "the claim's daemon runs in pod $GNS/mps-$mps_uid on real-gpu-0: $started"
-  else
-    fail "the claim's daemon pod: '$daemon'; its log: '$started'"
-  fi
-  k -n default delete pod mps-pod --wait=false >/dev/null
-  k -n default delete resourceclaim mps-claim --wait=false >/dev/null
-  mps_gone() { ! k -n "$GNS" get pod "mps-$mps_uid" >/dev/null 2>&1 && [[ ! -e "$mps_dir" ]]; }
-  if wait_until 90 mps_gone; then
-    pass "once mps-pod is gone, so are its claim's daemon pod and $mps_dir"
-  else
-    fail "after mps-pod: daemon pod '$(k -n "$GNS" get pod "mps-$mps_uid" -o jsonpath='{.status.phase}' 2>&1)', dir: $(ls "$mps_dir" 2>&1)"
-  fi
-else
-  fail "mps-pod: $(pod_phase mps-pod): $(k -n default describe pod mps-pod | tail -5 | tr '\n' ' '); daemon: $(k -n "$GNS" describe pod "mps-$mps_uid" 2>&1 | tail -5 | tr '\n' ' ')"
-  k -n default delete pod mps-pod --wait=false >/dev/null
-  k -n default delete resourceclaim mps-claim --wait=false >/dev/null
+if full; then scenarios=(); else scenarios=(time_sliced mps); fi
+scenario_log="$CLUSTER_DIR/logs/real-node-scenarios.log"
+SHARED_CLUSTER=1 CLUSTER_DIR="$CLUSTER_DIR" "$REPO_DIR/e2e/run.sh" --real-nodes "${scenarios[@]}" 2>&1 | tee "$scenario_log" || true
+ran=0
+while read -r name verdict; do
+  ran=$((ran + 1))
+  if [[ "$verdict" == ok ]]; then pass "scenario $name"; else fail "scenario $name (its steps and the components' logs in $scenario_log)"; fi
+done < <(scenario_verdicts "$scenario_log")
+((ran > 0)) || fail "no real-node scenario ran: $(tail -5 "$scenario_log" | tr '\n' ' ')"
+if [[ -n "${KEEP_CLUSTER:-}" ]]; then
+  kept=1
+  echo "real-nodes: cluster kept in $CLUSTER_DIR (KUBECONFIG=$KUBECONFIG_FILE)"
+  echo "  one scenario: SHARED_CLUSTER=1 CLUSTER_DIR=$CLUSTER_DIR e2e/run.sh --real-nodes NAME"
+  echo "  down:         CLUSTER_DIR=$CLUSTER_DIR hack/cluster down && rm -rf $CLUSTER_DIR"
+  exit 0
 fi
 
 # What the apiserver serves of the DRA features, as the GPUCluster says: everything on the newest
@@ -933,7 +811,7 @@ else
   k delete gpuclass h100s --wait=false >/dev/null
 fi
 
-if full; then # not in the subset: a kubelet restart, CEL selection
+if full; then # not in the subset: a kubelet restart
 # A kubelet restart: the plugin registers again and the node keeps serving claims. The pod is made
 # once the kubelet took the plugin's registration again (a pod that found no driver would wait out
 # the kubelet's backoff) and the plugin published its slice again (the kubelet wipes it at start).
@@ -950,30 +828,8 @@ fi
 gpu_pod after-restart real-gpu-0 1
 check_gpu_pod after-restart real-gpu-0 1
 
-# CEL selection: by product name, the L4 node; by memory (at least 70 GiB), the H100 node.
-gpu_pod l4-workload "" 1 gpu.nvidia.com "device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('l4')"
-check_gpu_pod l4-workload real-gpu-1 1
-gpu_pod big-memory "" 1 gpu.nvidia.com "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0"
-check_gpu_pod big-memory real-gpu-0 1
-# Attributes a claim written for the upstream driver selects on: the standard PCIe root (from the
-# node's PCI bus: two H100s to a root, gpu-2 and gpu-3 under pci0000:40) and NVML's addressing mode.
-gpu_pod pcie-root "" 1 gpu.nvidia.com "device.attributes['resource.kubernetes.io'].pcieRoot == 'pci0000:40' && device.attributes['gpu.nvidia.com'].addressingMode == 'HMM'"
-check_gpu_pod pcie-root real-gpu-0 1
-under_root="$(k get resourceslices --field-selector spec.nodeName=real-gpu-0,spec.driver=gpu.nvidia.com -o json | python3 -c '
-import json, sys
-for s in json.load(sys.stdin)["items"]:
-    for d in s["spec"].get("devices") or []:
-        a = d.get("attributes") or {}
-        if a.get("resource.kubernetes.io/pcieRoot", {}).get("string") == "pci0000:40":
-            print(a["uuid"]["string"])' | sort -u)"
-seen="$(k -n default logs pcie-root | grep -o 'GPU-[0-9a-f-]*' | head -1)"
-if [[ -n "$seen" ]] && grep -qx "$seen" <<<"$under_root" && [[ "$(grep -c . <<<"$under_root")" == 2 ]]; then
-  pass "a CEL selector on resource.kubernetes.io/pcieRoot and addressingMode got one of the 2 H100s under pci0000:40 ($seen)"
-else
-  fail "pcieRoot selection: the pod saw '$seen'; the GPUs under pci0000:40: $(tr '\n' ' ' <<<"$under_root")"
-fi
 # The plugin's metrics under the upstream driver's names and labels, scraped as Prometheus would
-# (from the node, at the pod's address), after the claims above.
+# (from the node, at the pod's address), after the claims above and the scenarios' claims.
 plugin_ip="$(k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector spec.nodeName=real-gpu-0 -o jsonpath='{.items[0].status.podIP}')"
 scrape="$("$HACK_DIR/cluster" node-exec real-gpu-0 /bin/busybox wget -qO- "http://$plugin_ip:8080/metrics" 2>&1 || true)"
 prepared="$(sed -n 's/^nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"} \([0-9]*\)$/\1/p' <<<"$scrape")"
@@ -991,7 +847,6 @@ if [[ -n "$prepared" ]] && ((prepared >= 1)) && [[ -z "$missing" ]]; then
 else
   fail "plugin metrics on real-gpu-0 ($plugin_ip): prepared '$prepared', missing:$missing; $(head -c 300 <<<"$scrape")"
 fi
-k -n default delete pod l4-workload big-memory pcie-root --wait=false >/dev/null
 fi
 
 # The plugin pod deleted under a running pod's prepared claim: its DaemonSet brings it back, the slices

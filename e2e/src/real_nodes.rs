@@ -1,0 +1,435 @@
+//! Harness of the real-node scenarios (`e2e/tests/real_nodes.rs`): the cluster `hack/test/real-nodes.sh`
+//! brings up (real kubelets and containerd in namespaces of their own, mock GPUs, the chart installed
+//! in [`OPERATOR_NS`]), reached through its kubeconfig. Manifests go in with `kubectl apply`, as a
+//! user writes them; what is asserted is read through the API, the nodes' own tools and the nodes'
+//! folders. A failed step names itself and carries the logs of the components that did the work:
+//! the node's kubelet plugin pod and its kubelet.
+//!
+//! One scenario alone, against a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
+//! `SHARED_CLUSTER=1 CLUSTER_DIR=.cluster/real-<port base> e2e/run.sh --real-nodes <name>`.
+
+use crate::{Env, eventually};
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, LogParams};
+use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The namespace the chart is installed in.
+pub const OPERATOR_NS: &str = "gpu-operator";
+/// The namespace the scenarios' workloads run in.
+pub const WORKLOAD_NS: &str = "default";
+/// The image of the install guide's workload (loaded into every real node).
+pub const WORKLOAD_IMAGE: &str = "nvcr.io/nvidia/cuda:12.6.2-base-ubi9";
+/// The H100 node (4 GPUs, two to a PCIe root).
+pub const H100_NODE: &str = "real-gpu-0";
+/// The L4 node (2 GPUs).
+pub const L4_NODE: &str = "real-gpu-1";
+
+/// The running real-node cluster.
+#[derive(Clone)]
+pub struct RealNodes {
+    /// Where the cluster's state, kubeconfig and tools are.
+    pub env: Env,
+    /// A cluster-admin client.
+    pub client: kube::Client,
+    hack_dir: PathBuf,
+}
+
+impl std::fmt::Debug for RealNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealNodes")
+            .field("cluster_dir", &self.env.cluster_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RealNodes {
+    /// The cluster `E2E_KUBECONFIG` and `E2E_CLUSTER_DIR` name; an error saying how to get one.
+    pub async fn connect() -> anyhow::Result<Self> {
+        let env = Env::from_env().context(
+            "the real-node scenarios run on the cluster of `make test-real-nodes` \
+             (KEEP_CLUSTER=1 leaves it up; then SHARED_CLUSTER=1 CLUSTER_DIR=... e2e/run.sh --real-nodes)",
+        )?;
+        let client = env.client().await?;
+        let hack_dir = crate::manifest_dir().join("../hack");
+        Ok(Self {
+            env,
+            client,
+            hack_dir,
+        })
+    }
+
+    /// Runs `kubectl` as cluster admin with `stdin`; its output, or an error with its stderr.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+        let mut command = Command::new(self.env.tools_dir.join("kubectl"));
+        command.arg("--kubeconfig").arg(&self.env.kubeconfig);
+        run(command.args(args), stdin)
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
+        self.kubectl(&["apply", "-f", "-"], Some(yaml)).map(drop)
+    }
+
+    /// Deletes the named objects of `kind` in the workload namespace without waiting (what is
+    /// already gone is fine).
+    pub fn delete(&self, kind: &str, names: &[&str]) -> anyhow::Result<()> {
+        let mut args = vec![
+            "-n",
+            WORKLOAD_NS,
+            "delete",
+            kind,
+            "--wait=false",
+            "--ignore-not-found",
+        ];
+        args.extend(names);
+        self.kubectl(&args, None).map(drop)
+    }
+
+    /// Runs `args` inside `node` (its network and mounts), as an admin logged in there would.
+    pub fn node_exec(&self, node: &str, args: &[&str]) -> anyhow::Result<String> {
+        let mut command = Command::new(self.hack_dir.join("cluster"));
+        command
+            .env("CLUSTER_DIR", &self.env.cluster_dir)
+            .args(["node-exec", node])
+            .args(args);
+        run(&mut command, None)
+    }
+
+    /// A kubeconfig holding the token of service account `sa` of `ns`, bound to `pod`.
+    pub fn sa_kubeconfig(&self, ns: &str, sa: &str, pod: &str) -> anyhow::Result<PathBuf> {
+        let mut command = Command::new(self.hack_dir.join("cluster"));
+        command
+            .env("CLUSTER_DIR", &self.env.cluster_dir)
+            .args(["sa-kubeconfig", ns, sa, pod]);
+        Ok(PathBuf::from(run(&mut command, None)?.trim()))
+    }
+
+    /// `node`'s own folder on this host (its `/run`, `/var/lib/kubelet`, ...).
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        self.env.cluster_dir.join("nodes").join(node)
+    }
+
+    /// The apiserver's minor version (`36` for 1.36).
+    pub async fn server_minor(&self) -> anyhow::Result<u32> {
+        let info = self.client.apiserver_version().await?;
+        info.minor
+            .trim_end_matches('+')
+            .parse()
+            .with_context(|| format!("apiserver minor version {:?}", info.minor))
+    }
+
+    /// The workload pod `name`, if it exists.
+    pub async fn pod(&self, name: &str) -> anyhow::Result<Option<Pod>> {
+        Ok(Api::<Pod>::namespaced(self.client.clone(), WORKLOAD_NS)
+            .get_opt(name)
+            .await?)
+    }
+
+    /// Waits until every pod of `names` runs; fails naming the ones that do not, with their
+    /// last condition.
+    pub async fn wait_running(&self, names: &[&str], timeout: Duration) -> anyhow::Result<()> {
+        let what = format!("pods {} Running", names.join(", "));
+        eventually(timeout, &what, || async {
+            let mut waiting = Vec::new();
+            for name in names {
+                let pod = self.pod(name).await?;
+                if phase(pod.as_ref()) != "Running" {
+                    waiting.push(format!("{name}: {}", describe(pod.as_ref())));
+                }
+            }
+            if waiting.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(anyhow::anyhow!("{}", waiting.join("; ")))
+            }
+        })
+        .await
+    }
+
+    /// Waits until pod `name` ran to its end; its node, or why it failed.
+    pub async fn wait_succeeded(&self, name: &str, timeout: Duration) -> anyhow::Result<String> {
+        let pod = eventually(timeout, &format!("pod {name} to finish"), || async {
+            let pod = self.pod(name).await?;
+            Ok(matches!(phase(pod.as_ref()), "Succeeded" | "Failed")
+                .then_some(pod)
+                .flatten())
+        })
+        .await?;
+        if phase(Some(&pod)) != "Succeeded" {
+            bail!("pod {name} failed: {}", describe(Some(&pod)));
+        }
+        Ok(pod.spec.and_then(|s| s.node_name).unwrap_or_default())
+    }
+
+    /// The log of `container` (the only one when `None`) of workload pod `pod`.
+    pub async fn logs(&self, pod: &str, container: Option<&str>) -> anyhow::Result<String> {
+        let params = LogParams {
+            container: container.map(str::to_owned),
+            ..LogParams::default()
+        };
+        Ok(Api::<Pod>::namespaced(self.client.clone(), WORKLOAD_NS)
+            .logs(pod, &params)
+            .await?)
+    }
+
+    /// The kubelet plugin's pod on `node`.
+    pub async fn plugin_pod(&self, node: &str) -> anyhow::Result<Pod> {
+        let params = ListParams::default()
+            .labels("app=nvidia-dra-driver-kubelet-plugin")
+            .fields(&format!("spec.nodeName={node}"));
+        Api::<Pod>::namespaced(self.client.clone(), OPERATOR_NS)
+            .list(&params)
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .with_context(|| format!("no kubelet plugin pod on {node}"))
+    }
+
+    /// The last lines of what the components serving `node` logged: its kubelet plugin pod and
+    /// its kubelet.
+    pub async fn component_logs(&self, node: &str) -> String {
+        let plugin = match self.plugin_pod(node).await {
+            Ok(pod) => {
+                let name = pod.metadata.name.unwrap_or_default();
+                let params = LogParams {
+                    container: Some("gpus".into()),
+                    tail_lines: Some(30),
+                    ..LogParams::default()
+                };
+                Api::<Pod>::namespaced(self.client.clone(), OPERATOR_NS)
+                    .logs(&name, &params)
+                    .await
+                    .map(|log| format!("--- {OPERATOR_NS}/{name} (gpus):\n{log}"))
+                    .unwrap_or_else(|e| format!("--- {OPERATOR_NS}/{name}: no log ({e})"))
+            }
+            Err(e) => format!("--- kubelet plugin on {node}: {e:#}"),
+        };
+        let kubelet = self
+            .env
+            .cluster_dir
+            .join(format!("logs/kubelet-{node}.log"));
+        format!(
+            "{plugin}\n--- {}:\n{}",
+            kubelet.display(),
+            crate::log_tail(&kubelet)
+        )
+    }
+
+    /// Runs one behaviour of a scenario: prints it with how long it took; when it fails, names it
+    /// and adds the logs of the components serving `node`.
+    pub async fn step<T>(
+        &self,
+        behaviour: &str,
+        node: &str,
+        work: impl Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<T> {
+        let start = Instant::now();
+        match work.await {
+            Ok(value) => {
+                eprintln!("ok   {behaviour} ({:.1}s)", start.elapsed().as_secs_f64());
+                Ok(value)
+            }
+            Err(e) => {
+                let logs = self.component_logs(node).await;
+                Err(e.context(format!("FAILED: {behaviour}\n{logs}")))
+            }
+        }
+    }
+}
+
+/// A pod's phase, `Absent` when there is none.
+fn phase(pod: Option<&Pod>) -> &str {
+    pod.and_then(|p| p.status.as_ref())
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Absent")
+}
+
+/// A pod's phase and what its last condition or waiting container says.
+fn describe(pod: Option<&Pod>) -> String {
+    let Some(status) = pod.and_then(|p| p.status.as_ref()) else {
+        return "absent".to_owned();
+    };
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .map(|w| {
+            format!(
+                "{} {}",
+                w.reason.as_deref().unwrap_or_default(),
+                w.message.as_deref().unwrap_or_default()
+            )
+        });
+    let conditions = status
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.status != "True")
+        .map(|c| {
+            format!(
+                "{} {}",
+                c.reason.as_deref().unwrap_or_default(),
+                c.message.as_deref().unwrap_or_default()
+            )
+        });
+    let said: Vec<String> = waiting.chain(conditions).collect();
+    format!("{} ({})", phase(pod), said.join("; "))
+}
+
+/// Runs `command` with `stdin`; its stdout, or an error naming it with its stderr.
+fn run(command: &mut Command, stdin: Option<&str>) -> anyhow::Result<String> {
+    let mut child = command
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{command:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A ResourceClaim for one GPU of class `gpu.nvidia.com` whose GpuConfig's `sharing` is
+/// `sharing` (flow-style YAML), as the upstream driver's documentation writes them.
+pub fn sharing_claim(name: &str, sharing: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{deviceClassName: gpu.nvidia.com}}
+    config:
+    - requests: [gpu]
+      opaque:
+        driver: gpu.nvidia.com
+        parameters: {{apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig, sharing: {sharing}}}
+"#
+    )
+}
+
+/// A pod on `node` whose containers (`name`, script) run the workload image and use claim `claim`.
+pub fn claim_pod(name: &str, node: &str, claim: &str, containers: &[(&str, &str)]) -> String {
+    let containers: String = containers
+        .iter()
+        .map(|(ctr, script)| {
+            format!(
+                "  - name: {ctr}\n    image: {WORKLOAD_IMAGE}\n    command: [\"sh\", \"-c\", {script:?}]\n    resources: {{claims: [{{name: gpu}}]}}\n"
+            )
+        })
+        .collect();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  resourceClaims: [{{name: gpu, resourceClaimName: {claim}}}]
+  containers:
+{containers}"#
+    )
+}
+
+/// What a workload container runs to show what it got: the GPUs `nvidia-smi -L` lists, its
+/// `/dev/nvidia<minor>` nodes, and `nvml-present` when NVML's library was injected.
+pub const LIST_GPUS: &str = "nvidia-smi -L; ls /dev | grep '^nvidia[0-9]'; test -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 && echo nvml-present";
+
+/// The install guide's claim template and a pod using it: one GPU of `gpu.nvidia.com` matching
+/// the CEL `selector`, on any node; its container runs [`LIST_GPUS`] and ends.
+pub fn selected_gpu_pod(name: &str, selector: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          selectors: [{{cel: {{expression: {selector:?}}}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: {name}}}]
+  containers:
+  - name: workload
+    image: {WORKLOAD_IMAGE}
+    command: ["sh", "-c", {LIST_GPUS:?}]
+    resources: {{claims: [{{name: gpu}}]}}
+"#
+    )
+}
+
+/// The GPU UUIDs in `text` (`GPU-…`), in order.
+pub fn gpu_uuids(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("GPU-") && w.len() > 4)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_found_in_what_nvidia_smi_prints() {
+        let log =
+            "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4a1b-77)\nGPU 1: NVIDIA L4 (UUID: GPU-9f)\n";
+        assert_eq!(gpu_uuids(log), ["GPU-4a1b-77", "GPU-9f"]);
+        assert!(gpu_uuids("no GPU- here").is_empty());
+    }
+
+    #[test]
+    fn manifests_are_yaml_the_api_reads() {
+        for yaml in [
+            sharing_claim("c", "{strategy: TimeSlicing}"),
+            claim_pod("p", "n", "c", &[("a", "echo 'hi'; sleep 1"), ("b", "true")]),
+            selected_gpu_pod(
+                "s",
+                "device.attributes['gpu.nvidia.com'].productName == 'x'",
+            ),
+        ] {
+            for doc in yaml.split("\n---\n") {
+                let value: serde_yaml::Value = serde_yaml::from_str(doc).unwrap();
+                assert!(value["kind"].is_string(), "{doc}");
+            }
+        }
+        let pod: serde_yaml::Value =
+            serde_yaml::from_str(&claim_pod("p", "n", "c", &[("a", "echo 'hi'; sleep 1")]))
+                .unwrap();
+        assert_eq!(
+            pod["spec"]["containers"][0]["command"][2].as_str(),
+            Some("echo 'hi'; sleep 1")
+        );
+    }
+}

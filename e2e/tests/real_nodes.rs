@@ -1,0 +1,485 @@
+//! Scenarios on real nodes (real kubelets and containerd, mock GPUs, the chart installed): claims
+//! written for the upstream driver's sharing API, what a prepared claim's status says, and CEL
+//! selection on the attributes the plugin publishes. `hack/test/real-nodes.sh` brings the cluster up
+//! and runs them in `make test` (`e2e/run.sh --real-nodes`); each removes what it made.
+//!
+//! One alone, on a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
+//! `SHARED_CLUSTER=1 CLUSTER_DIR=.cluster/real-<port base> e2e/run.sh --real-nodes mps`.
+
+use anyhow::{Context, bail, ensure};
+use e2e::eventually;
+use e2e::real_nodes::{
+    H100_NODE, L4_NODE, OPERATOR_NS, RealNodes, WORKLOAD_NS, claim_pod, gpu_uuids,
+    selected_gpu_pod, sharing_claim,
+};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, ListParams};
+use std::time::Duration;
+
+/// Deletes what a scenario made when it ends, passed or failed.
+struct Cleanup<'a> {
+    cluster: &'a RealNodes,
+    pods: Vec<&'static str>,
+    claims: Vec<&'static str>,
+    templates: Vec<&'static str>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for (kind, names) in [
+            ("pod", &self.pods),
+            ("resourceclaim", &self.claims),
+            ("resourceclaimtemplate", &self.templates),
+        ] {
+            if !names.is_empty()
+                && let Err(e) = self.cluster.delete(kind, names)
+            {
+                eprintln!("cleanup: deleting {kind} {names:?}: {e:#}");
+            }
+        }
+    }
+}
+
+/// The compute time-slice the node's own `nvidia-smi` shows for GPU `uuid` (`SHORT`, `DEFAULT`).
+fn node_timeslice(cluster: &RealNodes, node: &str, uuid: &str) -> anyhow::Result<String> {
+    let out = cluster.node_exec(node, &["nvidia-smi", "compute-policy", "-l", "-i", uuid])?;
+    out.lines()
+        .find_map(|l| l.split_once("Timeslice ").map(|(_, v)| v.trim().to_owned()))
+        .with_context(|| format!("no Timeslice in nvidia-smi's answer: {out}"))
+}
+
+/// The first GPU UUID pod `pod` printed, once it printed one.
+async fn uuid_seen(cluster: &RealNodes, pod: &str) -> anyhow::Result<String> {
+    eventually(
+        Duration::from_secs(30),
+        &format!("{pod} to list its GPU"),
+        || async {
+            Ok(gpu_uuids(&cluster.logs(pod, None).await?)
+                .into_iter()
+                .next())
+        },
+    )
+    .await
+}
+
+/// The claim's `status.devices` entries of our driver: "pool uuid productName Ready=<status>".
+async fn held_by(cluster: &RealNodes, claim: &str) -> anyhow::Result<Vec<String>> {
+    let claim = Api::<ResourceClaim>::namespaced(cluster.client.clone(), WORKLOAD_NS)
+        .get(claim)
+        .await?;
+    let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+    Ok(devices
+        .into_iter()
+        .filter(|d| d.driver == "gpu.nvidia.com")
+        .map(|d| {
+            let data = d.data.map(|r| r.0).unwrap_or_default();
+            let ready = d
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .map_or("none", |c| c.status.as_str())
+                .to_owned();
+            format!(
+                "{} {} {} Ready={ready}",
+                d.pool,
+                data["uuid"].as_str().unwrap_or_default(),
+                data["productName"].as_str().unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+#[tokio::test]
+#[ignore = "needs real nodes: make test-real-nodes runs it"]
+async fn a_time_sliced_claim_sets_the_gpus_interval_and_its_status_says_what_it_holds()
+-> anyhow::Result<()> {
+    let cluster = RealNodes::connect().await?;
+    let _cleanup = Cleanup {
+        cluster: &cluster,
+        pods: vec!["ts-a", "ts-b"],
+        claims: vec!["ts-short"],
+        templates: vec![],
+    };
+    // The upstream quickstart's shape: one claim asking for TimeSlicing with interval Short,
+    // named by two pods.
+    cluster.apply(&sharing_claim(
+        "ts-short",
+        "{strategy: TimeSlicing, timeSlicingConfig: {interval: Short}}",
+    ))?;
+    for pod in ["ts-a", "ts-b"] {
+        let script = "nvidia-smi -L; sleep 3600";
+        cluster.apply(&claim_pod(pod, H100_NODE, "ts-short", &[("ctr", script)]))?;
+    }
+    let uuid = cluster
+        .step(
+            "ts-a and ts-b run on one GPU through one claim, and the node's nvidia-smi shows Timeslice SHORT for it",
+            H100_NODE,
+            async {
+                cluster
+                    .wait_running(&["ts-a", "ts-b"], Duration::from_secs(120))
+                    .await?;
+                let (a, b) = (uuid_seen(&cluster, "ts-a").await?, uuid_seen(&cluster, "ts-b").await?);
+                ensure!(a == b, "ts-a saw {a}, ts-b saw {b}");
+                let slice = node_timeslice(&cluster, H100_NODE, &a)?;
+                ensure!(slice == "SHORT", "the node's nvidia-smi shows Timeslice {slice} for {a}");
+                Ok(a)
+            },
+        )
+        .await?;
+
+    cluster
+        .step(
+            "ts-short's status.devices names the GPU it holds, Ready (docs/claim-status.md)",
+            H100_NODE,
+            eventually(
+                Duration::from_secs(30),
+                "the plugin's status entry",
+                || async {
+                    let held = held_by(&cluster, "ts-short").await?;
+                    let wanted = format!("{H100_NODE} {uuid} NVIDIA ");
+                    match held.as_slice() {
+                        [one] if one.starts_with(&wanted) && one.ends_with(" Ready=True") => {
+                            Ok(Some(()))
+                        }
+                        _ => Err(anyhow::anyhow!(
+                            "status.devices says {held:?}, want {wanted}... Ready=True"
+                        )),
+                    }
+                },
+            ),
+        )
+        .await?;
+
+    // Granular status authorization (1.36+): only the plugin of the claim's node may write our
+    // entries. The token of each node's plugin pod tries a dry-run patch of the claim's status.
+    if cluster.server_minor().await? >= 36 {
+        cluster
+            .step(
+                "real-gpu-0's plugin token may change ts-short's status entries; real-gpu-1's is refused",
+                H100_NODE,
+                async {
+                    let claim = Api::<ResourceClaim>::namespaced(cluster.client.clone(), WORKLOAD_NS)
+                        .get("ts-short")
+                        .await?;
+                    let device = claim
+                        .status
+                        .and_then(|s| s.allocation)
+                        .and_then(|a| a.devices)
+                        .and_then(|d| d.results?.into_iter().next())
+                        .map(|r| r.device)
+                        .context("ts-short has no allocated device")?;
+                    let entry = serde_json::json!({"status": {"devices": [
+                        {"driver": "gpu.nvidia.com", "pool": H100_NODE, "device": device}]}})
+                    .to_string();
+                    let as_plugin_of = |node: &'static str| {
+                        let cluster = cluster.clone();
+                        let entry = entry.clone();
+                        async move {
+                            let pod = cluster.plugin_pod(node).await?;
+                            let name = pod.metadata.name.unwrap_or_default();
+                            let sa = pod.spec.and_then(|s| s.service_account_name).unwrap_or_default();
+                            let kubeconfig = cluster.sa_kubeconfig(OPERATOR_NS, &sa, &name)?;
+                            let mut command = std::process::Command::new(cluster.env.tools_dir.join("kubectl"));
+                            command.arg("--kubeconfig").arg(&kubeconfig).args([
+                                "-n", WORKLOAD_NS, "patch", "resourceclaim", "ts-short",
+                                "--subresource=status", "--type=merge", "-p", entry.as_str(), "--dry-run=server",
+                            ]);
+                            let out = command.output()?;
+                            anyhow::Ok(format!(
+                                "{}{}",
+                                String::from_utf8_lossy(&out.stdout),
+                                String::from_utf8_lossy(&out.stderr)
+                            ))
+                        }
+                    };
+                    let own = as_plugin_of(H100_NODE).await?;
+                    let other = as_plugin_of(L4_NODE).await?;
+                    // kubectl says "patched" for a dry run of a subresource patch too.
+                    ensure!(own.contains("ts-short patched"), "real-gpu-0's plugin token: {own}");
+                    ensure!(other.contains("status.devices: Forbidden"), "real-gpu-1's plugin token: {other}");
+                    Ok(())
+                },
+            )
+            .await?;
+    } else {
+        eprintln!("skip the status authorization check: the apiserver is older than 1.36");
+    }
+
+    cluster.delete("pod", &["ts-a", "ts-b"])?;
+    cluster
+        .step(
+            "once ts-a and ts-b are gone, ts-short's status.devices has no entry of the plugin's",
+            H100_NODE,
+            eventually(
+                Duration::from_secs(60),
+                "the status entry to go",
+                || async {
+                    let held = held_by(&cluster, "ts-short").await?;
+                    if held.is_empty() {
+                        Ok(Some(()))
+                    } else {
+                        Err(anyhow::anyhow!("status.devices still says {held:?}"))
+                    }
+                },
+            ),
+        )
+        .await?;
+    cluster.delete("resourceclaim", &["ts-short"])?;
+    cluster
+        .step(
+            "after the pods and the claim are gone, the GPU is back at Timeslice DEFAULT",
+            H100_NODE,
+            eventually(Duration::from_secs(60), "Timeslice DEFAULT", || async {
+                let slice = node_timeslice(&cluster, H100_NODE, &uuid)?;
+                if slice == "DEFAULT" {
+                    Ok(Some(()))
+                } else {
+                    Err(anyhow::anyhow!("{uuid} shows Timeslice {slice}"))
+                }
+            }),
+        )
+        .await
+}
+
+#[tokio::test]
+#[ignore = "needs real nodes: make test-real-nodes runs it"]
+async fn an_mps_claim_runs_its_own_control_daemon_until_its_pod_goes() -> anyhow::Result<()> {
+    let cluster = RealNodes::connect().await?;
+    let _cleanup = Cleanup {
+        cluster: &cluster,
+        pods: vec!["mps-pod"],
+        claims: vec!["mps-claim"],
+        templates: vec![],
+    };
+    // The upstream driver's documented shape: MPS with a thread percentage and a pinned memory
+    // limit, used by two containers of one pod.
+    cluster.apply(&sharing_claim(
+        "mps-claim",
+        "{strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 50, defaultPinnedDeviceMemoryLimit: 10Gi}}",
+    ))?;
+    let script = "env | grep ^CUDA_MPS_; echo get_default_active_thread_percentage | nvidia-cuda-mps-control; sleep 3600";
+    cluster.apply(&claim_pod(
+        "mps-pod",
+        H100_NODE,
+        "mps-claim",
+        &[("ctr-a", script), ("ctr-b", script)],
+    ))?;
+    let uid = Api::<ResourceClaim>::namespaced(cluster.client.clone(), WORKLOAD_NS)
+        .get("mps-claim")
+        .await?
+        .metadata
+        .uid
+        .context("mps-claim has no uid")?;
+    let daemon_pod = format!("mps-{uid}");
+    let claim_dir = cluster
+        .node_dir(H100_NODE)
+        .join(format!("run/nvidia/mps/claim-{uid}"));
+
+    cluster
+        .step(
+            "both containers see the claim's MPS limits and pipe directory, and its daemon answers 50.0",
+            H100_NODE,
+            async {
+                cluster
+                    .wait_running(&["mps-pod"], Duration::from_secs(120))
+                    .await?;
+                for ctr in ["ctr-a", "ctr-b"] {
+                    let log = eventually(Duration::from_secs(60), &format!("{ctr}'s answer"), || async {
+                        let log = cluster.logs("mps-pod", Some(ctr)).await?;
+                        Ok((log.lines().count() >= 5).then_some(log))
+                    })
+                    .await?;
+                    let lines: Vec<&str> = log.lines().map(str::trim).collect();
+                    for wanted in [
+                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+                        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                        "50.0",
+                    ] {
+                        ensure!(lines.contains(&wanted), "{ctr} did not print {wanted}: {log}");
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await?;
+
+    cluster
+        .step(
+            "the claim's daemon runs in its own pod on the node with the claim's GPU and limits",
+            H100_NODE,
+            async {
+                let pod = Api::<Pod>::namespaced(cluster.client.clone(), OPERATOR_NS)
+                    .get(&daemon_pod)
+                    .await?;
+                let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+                let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
+                ensure!(
+                    node == H100_NODE && phase == "Running",
+                    "{OPERATOR_NS}/{daemon_pod} is {phase} on {node}"
+                );
+                let log = std::fs::read_to_string(claim_dir.join("log/control.log"))
+                    .with_context(|| format!("the daemon's log in {}", claim_dir.display()))?;
+                let started = log
+                    .lines()
+                    .find(|l| l.contains("Startup:"))
+                    .unwrap_or_default();
+                let in_order = ["devices GPU-", "percentage 50.0", "10240M"]
+                    .iter()
+                    .try_fold(0, |from, part| {
+                        started[from..].find(part).map(|i| from + i + part.len())
+                    });
+                ensure!(in_order.is_some(), "the daemon's startup line: {started:?}");
+                Ok(())
+            },
+        )
+        .await?;
+
+    cluster.delete("pod", &["mps-pod"])?;
+    cluster.delete("resourceclaim", &["mps-claim"])?;
+    cluster
+        .step(
+            "once the pod is gone, so are the claim's daemon pod and its directory on the node",
+            H100_NODE,
+            eventually(Duration::from_secs(90), "the daemon to go", || async {
+                let pod = Api::<Pod>::namespaced(cluster.client.clone(), OPERATOR_NS)
+                    .get_opt(&daemon_pod)
+                    .await?;
+                match (pod, claim_dir.exists()) {
+                    (None, false) => Ok(Some(())),
+                    (pod, dir) => Err(anyhow::anyhow!(
+                        "daemon pod present: {}, {} present: {dir}",
+                        pod.is_some(),
+                        claim_dir.display()
+                    )),
+                }
+            }),
+        )
+        .await
+}
+
+/// The GPU UUIDs `node` publishes, with the PCIe root each is under.
+async fn published(
+    cluster: &RealNodes,
+    node: &str,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    let params =
+        ListParams::default().fields(&format!("spec.nodeName={node},spec.driver=gpu.nvidia.com"));
+    let slices = Api::<ResourceSlice>::all(cluster.client.clone())
+        .list(&params)
+        .await?;
+    Ok(slices
+        .items
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .filter_map(|d| {
+            let attributes = d.attributes.unwrap_or_default();
+            let uuid = attributes.get("uuid")?.string.clone()?;
+            let root = attributes
+                .get("resource.kubernetes.io/pcieRoot")
+                .and_then(|a| a.string.clone());
+            Some((uuid, root))
+        })
+        .collect())
+}
+
+/// Pod `name` succeeded on `node` and saw exactly one GPU, one `node` publishes, with its one
+/// device node and NVML's library; that GPU.
+async fn ran_on_one_gpu_of(cluster: &RealNodes, name: &str, node: &str) -> anyhow::Result<String> {
+    let ran_on = cluster
+        .wait_succeeded(name, Duration::from_secs(120))
+        .await?;
+    ensure!(ran_on == node, "{name} ran on {ran_on}, not on {node}");
+    let log = cluster.logs(name, None).await?;
+    let seen = gpu_uuids(&log);
+    let [uuid] = seen.as_slice() else {
+        bail!("{name} saw {} GPUs: {log}", seen.len());
+    };
+    let nodes = log
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("nvidia")
+                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    ensure!(
+        nodes == 1 && log.lines().any(|l| l == "nvml-present"),
+        "{name} got {nodes} /dev/nvidia<minor> nodes, NVML {}: {log}",
+        if log.contains("nvml-present") {
+            "present"
+        } else {
+            "missing"
+        }
+    );
+    let node_gpus = published(cluster, node).await?;
+    ensure!(
+        node_gpus.iter().any(|(u, _)| u == uuid),
+        "{name} saw {uuid}, which {node} does not publish"
+    );
+    Ok(uuid.clone())
+}
+
+#[tokio::test]
+#[ignore = "needs real nodes: make test-real-nodes runs it"]
+async fn cel_selects_gpus_by_product_memory_pcie_root_and_addressing_mode() -> anyhow::Result<()> {
+    let cluster = RealNodes::connect().await?;
+    let names = vec!["l4-workload", "big-memory", "pcie-root"];
+    let _cleanup = Cleanup {
+        cluster: &cluster,
+        pods: names.clone(),
+        claims: vec![],
+        templates: names,
+    };
+    cluster.apply(&selected_gpu_pod(
+        "l4-workload",
+        "device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('l4')",
+    ))?;
+    cluster.apply(&selected_gpu_pod(
+        "big-memory",
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0",
+    ))?;
+    // Attributes a claim written for the upstream driver selects on: the standard PCIe root (two
+    // H100s to a root, gpu-2 and gpu-3 under pci0000:40) and NVML's addressing mode.
+    cluster.apply(&selected_gpu_pod(
+        "pcie-root",
+        "device.attributes['resource.kubernetes.io'].pcieRoot == 'pci0000:40' && device.attributes['gpu.nvidia.com'].addressingMode == 'HMM'",
+    ))?;
+    cluster
+        .step("a selector on the product name got an L4", L4_NODE, async {
+            ran_on_one_gpu_of(&cluster, "l4-workload", L4_NODE)
+                .await
+                .map(drop)
+        })
+        .await?;
+    cluster
+        .step(
+            "a selector on at least 70 GiB of memory got an H100",
+            H100_NODE,
+            async {
+                ran_on_one_gpu_of(&cluster, "big-memory", H100_NODE)
+                    .await
+                    .map(drop)
+            },
+        )
+        .await?;
+    cluster
+        .step(
+            "a selector on resource.kubernetes.io/pcieRoot and addressingMode got one of the 2 H100s under pci0000:40",
+            H100_NODE,
+            async {
+                let seen = ran_on_one_gpu_of(&cluster, "pcie-root", H100_NODE).await?;
+                let under: Vec<String> = published(&cluster, H100_NODE)
+                    .await?
+                    .into_iter()
+                    .filter(|(_, root)| root.as_deref() == Some("pci0000:40"))
+                    .map(|(uuid, _)| uuid)
+                    .collect();
+                ensure!(under.len() == 2, "GPUs under pci0000:40: {under:?}");
+                ensure!(under.contains(&seen), "the pod saw {seen}, not one of {under:?}");
+                Ok(())
+            },
+        )
+        .await
+}
