@@ -12,6 +12,8 @@
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A CLUSTER_DIR given relative to where this was started, made absolute (the tests run elsewhere).
+if [[ -n "${CLUSTER_DIR:-}" && -d "$CLUSTER_DIR" ]]; then CLUSTER_DIR="$(cd "$CLUSTER_DIR" && pwd)"; fi
 cd "$REPO_DIR"
 export CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
