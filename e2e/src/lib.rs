@@ -178,19 +178,33 @@ pub async fn step<T>(
     logs: &[&Path],
     work: impl Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
+    step_telling(behaviour, work, || async {
+        let tails: Vec<String> = logs
+            .iter()
+            .map(|log| format!("--- {}:\n{}", log.display(), log_tail(log)))
+            .collect();
+        tails.join("\n")
+    })
+    .await
+}
+
+/// Runs one behaviour of a scenario: prints how long it took, and when it fails names it in the
+/// error with what `tell` gathers then (the logs of the components that should have done the work).
+pub async fn step_telling<T, Told>(
+    behaviour: &str,
+    work: impl Future<Output = anyhow::Result<T>>,
+    tell: impl FnOnce() -> Told,
+) -> anyhow::Result<T>
+where
+    Told: Future<Output = String>,
+{
     let start = Instant::now();
     match work.await {
         Ok(value) => {
             eprintln!("ok   {behaviour} ({:.1}s)", start.elapsed().as_secs_f64());
             Ok(value)
         }
-        Err(e) => {
-            let tails: Vec<String> = logs
-                .iter()
-                .map(|log| format!("--- {}:\n{}", log.display(), log_tail(log)))
-                .collect();
-            Err(e.context(format!("FAILED: {behaviour}\n{}", tails.join("\n"))))
-        }
+        Err(e) => Err(e.context(format!("FAILED: {behaviour}\n{}", tell().await))),
     }
 }
 

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The namespace the chart is installed in.
 pub const OPERATOR_NS: &str = "gpu-operator";
@@ -229,17 +229,7 @@ impl RealNodes {
         node: &str,
         work: impl Future<Output = anyhow::Result<T>>,
     ) -> anyhow::Result<T> {
-        let start = Instant::now();
-        match work.await {
-            Ok(value) => {
-                eprintln!("ok   {behaviour} ({:.1}s)", start.elapsed().as_secs_f64());
-                Ok(value)
-            }
-            Err(e) => {
-                let logs = self.component_logs(node).await;
-                Err(e.context(format!("FAILED: {behaviour}\n{logs}")))
-            }
-        }
+        crate::step_telling(behaviour, work, || self.component_logs(node)).await
     }
 }
 
