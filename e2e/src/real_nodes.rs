@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, LogParams};
 use std::future::Future;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -90,23 +90,43 @@ impl RealNodes {
         self.kubectl(&args, None).map(drop)
     }
 
-    /// Runs `args` inside `node` (its network and mounts), as an admin logged in there would.
-    pub fn node_exec(&self, node: &str, args: &[&str]) -> anyhow::Result<String> {
+    /// Runs `kubectl` with the identity of `kubeconfig`; the API's answer (stdout and stderr),
+    /// whether it allowed the request or not.
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(self.env.tools_dir.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .output()?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+
+    /// Runs `hack/cluster` on this cluster with `args`.
+    fn hack_cluster(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut command = Command::new(self.hack_dir.join("cluster"));
-        command
-            .env("CLUSTER_DIR", &self.env.cluster_dir)
-            .args(["node-exec", node])
-            .args(args);
+        command.env("CLUSTER_DIR", &self.env.cluster_dir).args(args);
         run(&mut command, None)
     }
 
-    /// A kubeconfig holding the token of service account `sa` of `ns`, bound to `pod`.
-    pub fn sa_kubeconfig(&self, ns: &str, sa: &str, pod: &str) -> anyhow::Result<PathBuf> {
-        let mut command = Command::new(self.hack_dir.join("cluster"));
-        command
-            .env("CLUSTER_DIR", &self.env.cluster_dir)
-            .args(["sa-kubeconfig", ns, sa, pod]);
-        Ok(PathBuf::from(run(&mut command, None)?.trim()))
+    /// Runs `args` inside `node` (its network and mounts), as an admin logged in there would.
+    pub fn node_exec(&self, node: &str, args: &[&str]) -> anyhow::Result<String> {
+        self.hack_cluster(&[&["node-exec", node], args].concat())
+    }
+
+    /// A kubeconfig holding the token of the kubelet plugin pod on `node`, as the kubelet gave it.
+    pub async fn plugin_kubeconfig(&self, node: &str) -> anyhow::Result<PathBuf> {
+        let pod = self.plugin_pod(node).await?;
+        let name = pod.metadata.name.unwrap_or_default();
+        let sa = pod
+            .spec
+            .and_then(|s| s.service_account_name)
+            .unwrap_or_default();
+        let path = self.hack_cluster(&["sa-kubeconfig", OPERATOR_NS, &sa, &name])?;
+        Ok(PathBuf::from(path.trim()))
     }
 
     /// `node`'s own folder on this host (its `/run`, `/var/lib/kubelet`, ...).

@@ -173,29 +173,18 @@ async fn a_time_sliced_claim_sets_the_gpus_interval_and_its_status_says_what_it_
                     let entry = serde_json::json!({"status": {"devices": [
                         {"driver": "gpu.nvidia.com", "pool": H100_NODE, "device": device}]}})
                     .to_string();
-                    let as_plugin_of = |node: &'static str| {
-                        let cluster = cluster.clone();
-                        let entry = entry.clone();
-                        async move {
-                            let pod = cluster.plugin_pod(node).await?;
-                            let name = pod.metadata.name.unwrap_or_default();
-                            let sa = pod.spec.and_then(|s| s.service_account_name).unwrap_or_default();
-                            let kubeconfig = cluster.sa_kubeconfig(OPERATOR_NS, &sa, &name)?;
-                            let mut command = std::process::Command::new(cluster.env.tools_dir.join("kubectl"));
-                            command.arg("--kubeconfig").arg(&kubeconfig).args([
-                                "-n", WORKLOAD_NS, "patch", "resourceclaim", "ts-short",
-                                "--subresource=status", "--type=merge", "-p", entry.as_str(), "--dry-run=server",
-                            ]);
-                            let out = command.output()?;
-                            anyhow::Ok(format!(
-                                "{}{}",
-                                String::from_utf8_lossy(&out.stdout),
-                                String::from_utf8_lossy(&out.stderr)
-                            ))
-                        }
+                    let patch = [
+                        "-n", WORKLOAD_NS, "patch", "resourceclaim", "ts-short",
+                        "--subresource=status", "--type=merge", "-p", entry.as_str(), "--dry-run=server",
+                    ];
+                    let mut answers = Vec::new();
+                    for node in [H100_NODE, L4_NODE] {
+                        let kubeconfig = cluster.plugin_kubeconfig(node).await?;
+                        answers.push(cluster.kubectl_as(&kubeconfig, &patch)?);
+                    }
+                    let [own, other] = answers.as_slice() else {
+                        unreachable!("two nodes asked")
                     };
-                    let own = as_plugin_of(H100_NODE).await?;
-                    let other = as_plugin_of(L4_NODE).await?;
                     // kubectl says "patched" for a dry run of a subresource patch too.
                     ensure!(own.contains("ts-short patched"), "real-gpu-0's plugin token: {own}");
                     ensure!(other.contains("status.devices: Forbidden"), "real-gpu-1's plugin token: {other}");
