@@ -168,8 +168,7 @@ pub async fn validate_installation(
 ) -> anyhow::Result<()> {
     use api::GPUCluster;
     use api::gpucluster::State;
-    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
-    use kube::ResourceExt;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
     use kube::api::{Api, ListParams};
 
     let gcs: Api<GPUCluster> = Api::all(client.clone());
@@ -182,24 +181,9 @@ pub async fn validate_installation(
         },
     )
     .await?;
-    let mut classes: Vec<String> = Api::<DeviceClass>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    classes.sort();
-    let want = [
-        "compute-domain-daemon.nvidia.com",
-        "compute-domain-default-channel.nvidia.com",
-        "gpu-or-mig.operands.gpu-operator-rs.dev",
-        "gpu.nvidia.com",
-        "mig.nvidia.com",
-        "vfio.gpu.nvidia.com",
-    ];
-    if classes != want {
-        bail!("kubectl get deviceclass shows {classes:?}, want {want:?}");
+    let classes = device_class_names(client).await?;
+    if classes != DEVICE_CLASSES {
+        bail!("kubectl get deviceclass shows {classes:?}, want {DEVICE_CLASSES:?}");
     }
     let slices = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default())
@@ -292,4 +276,31 @@ impl Drop for OwnCluster {
     fn drop(&mut self) {
         let _ = self.run("down");
     }
+}
+
+/// The DeviceClasses the chart installs, in name order: the install guide's and the operands' own.
+pub const DEVICE_CLASSES: [&str; 6] = [
+    "compute-domain-daemon.nvidia.com",
+    "compute-domain-default-channel.nvidia.com",
+    "gpu-or-mig.operands.gpu-operator-rs.dev",
+    "gpu.nvidia.com",
+    "mig.nvidia.com",
+    "vfio.gpu.nvidia.com",
+];
+
+/// The names of the cluster's DeviceClasses, in order.
+pub async fn device_class_names(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    use kube::ResourceExt;
+    use kube::api::{Api, ListParams};
+
+    let mut names: Vec<String> = Api::<DeviceClass>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    names.sort();
+    Ok(names)
 }

@@ -1,4 +1,4 @@
-//! Harness of the real-node scenarios (`e2e/tests/real_nodes.rs`): the cluster `hack/test/real-nodes.sh`
+//! Harness of the real-node scenarios (`e2e/tests/real_nodes/`): the cluster `hack/test/real-nodes.sh`
 //! brings up (real kubelets and containerd in namespaces of their own, mock GPUs, the chart installed
 //! in [`OPERATOR_NS`]), reached through its kubeconfig. Manifests go in with `kubectl apply`, as a
 //! user writes them; what is asserted is read through the API, the nodes' own tools and the nodes'
@@ -10,12 +10,15 @@
 
 use crate::{Env, eventually};
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams, LogParams};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The namespace the chart is installed in.
@@ -28,6 +31,14 @@ pub const WORKLOAD_IMAGE: &str = "nvcr.io/nvidia/cuda:12.6.2-base-ubi9";
 pub const H100_NODE: &str = "real-gpu-0";
 /// The L4 node (2 GPUs).
 pub const L4_NODE: &str = "real-gpu-1";
+/// The node whose A100s are in MIG mode: it publishes MIG devices only.
+pub const MIG_NODE: &str = "real-gpu-2";
+/// The node with no GPU (until a test plugs one in).
+pub const GPULESS_NODE: &str = "real-gpu-3";
+/// The real nodes with GPUs.
+pub const GPU_NODES: [&str; 3] = [H100_NODE, L4_NODE, MIG_NODE];
+/// The DRA driver's name, in slices and claims.
+pub const DRIVER: &str = "gpu.nvidia.com";
 
 /// The running real-node cluster.
 #[derive(Clone)]
@@ -75,8 +86,8 @@ impl RealNodes {
         self.kubectl(&["apply", "-f", "-"], Some(yaml)).map(drop)
     }
 
-    /// Deletes the named objects of `kind` in the workload namespace without waiting (what is
-    /// already gone is fine).
+    /// Deletes the named objects of `kind` (in the workload namespace where `kind` is namespaced)
+    /// without waiting; what is already gone is fine.
     pub fn delete(&self, kind: &str, names: &[&str]) -> anyhow::Result<()> {
         let mut args = vec![
             "-n",
@@ -105,16 +116,77 @@ impl RealNodes {
         ))
     }
 
+    /// `kubectl get` of one object's fields through a JSONPath template (`{.spec.x}`); what the
+    /// template prints. `namespace` is `None` for a cluster-scoped kind.
+    pub fn jsonpath(
+        &self,
+        kind: &str,
+        name: &str,
+        namespace: Option<&str>,
+        template: &str,
+    ) -> anyhow::Result<String> {
+        let template = format!("jsonpath={template}");
+        let mut args = vec!["get", kind, name, "-o", template.as_str()];
+        if let Some(ns) = namespace {
+            args.extend(["-n", ns]);
+        }
+        self.kubectl(&args, None)
+    }
+
     /// Runs `hack/cluster` on this cluster with `args`.
     fn hack_cluster(&self, args: &[&str]) -> anyhow::Result<String> {
+        run(&mut self.hack_cluster_command(args), None)
+    }
+
+    fn hack_cluster_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(self.hack_dir.join("cluster"));
         command.env("CLUSTER_DIR", &self.env.cluster_dir).args(args);
-        run(&mut command, None)
+        command
     }
 
     /// Runs `args` inside `node` (its network and mounts), as an admin logged in there would.
     pub fn node_exec(&self, node: &str, args: &[&str]) -> anyhow::Result<String> {
         self.hack_cluster(&[&["node-exec", node], args].concat())
+    }
+
+    /// Starts `args` inside `node` and leaves it running (its output discarded).
+    pub fn node_spawn(&self, node: &str, args: &[&str]) -> anyhow::Result<Child> {
+        self.hack_cluster_command(&[&["node-exec", node], args].concat())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {args:?} in {node}"))
+    }
+
+    /// A kubeconfig holding a token of service account `sa` of the operator's namespace, bound to
+    /// its pod `pod` where one is named (as the kubelet gives a pod its token).
+    pub fn sa_kubeconfig(&self, sa: &str, pod: Option<&str>) -> anyhow::Result<PathBuf> {
+        let mut args = vec!["sa-kubeconfig", OPERATOR_NS, sa];
+        args.extend(pod);
+        Ok(PathBuf::from(self.hack_cluster(&args)?.trim()))
+    }
+
+    /// A kubeconfig for this cluster that presents `token`, written as `<name>.kubeconfig` in the
+    /// cluster's folder.
+    pub fn token_kubeconfig(&self, name: &str, token: &str) -> anyhow::Result<PathBuf> {
+        let server = self.kubectl(
+            &[
+                "config",
+                "view",
+                "-o",
+                "jsonpath={.clusters[0].cluster.server}",
+            ],
+            None,
+        )?;
+        let ca = self.env.cluster_dir.join("pki/ca.crt");
+        let path = self.env.cluster_dir.join(format!("{name}.kubeconfig"));
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: {server:?}, certificate-authority: {:?}}}\nusers:\n- name: u\n  user: {{token: {token:?}}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            ca.display().to_string()
+        );
+        std::fs::write(&path, config).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
     }
 
     /// A kubeconfig holding the token of the kubelet plugin pod on `node`, as the kubelet gave it.
@@ -125,8 +197,41 @@ impl RealNodes {
             .spec
             .and_then(|s| s.service_account_name)
             .unwrap_or_default();
-        let path = self.hack_cluster(&["sa-kubeconfig", OPERATOR_NS, &sa, &name])?;
-        Ok(PathBuf::from(path.trim()))
+        self.sa_kubeconfig(&sa, Some(&name))
+    }
+
+    /// Node `name`'s labels.
+    pub async fn node_labels(&self, name: &str) -> anyhow::Result<BTreeMap<String, String>> {
+        let node = Api::<Node>::all(self.client.clone()).get(name).await?;
+        Ok(node.metadata.labels.unwrap_or_default())
+    }
+
+    /// What node `name`'s readiness labels and cordon say, as
+    /// `gpu-stack=<plane> gpu-setup-complete=<bool> unschedulable=<bool>` (empty where unset).
+    pub async fn readiness(&self, name: &str) -> anyhow::Result<String> {
+        let node = Api::<Node>::all(self.client.clone()).get(name).await?;
+        let labels = node.metadata.labels.unwrap_or_default();
+        let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+        let cordoned = node.spec.and_then(|s| s.unschedulable).unwrap_or(false);
+        Ok(format!(
+            "gpu-stack={} gpu-setup-complete={} unschedulable={cordoned}",
+            label("gpu-operator-rs.dev/gpu-stack"),
+            label("gpu-operator-rs.dev/gpu-setup-complete")
+        ))
+    }
+
+    /// The devices `node` publishes in ResourceSlices of our driver.
+    pub async fn published_devices(&self, node: &str) -> anyhow::Result<Vec<Device>> {
+        let params =
+            ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER}"));
+        let slices = Api::<ResourceSlice>::all(self.client.clone())
+            .list(&params)
+            .await?;
+        Ok(slices
+            .items
+            .into_iter()
+            .flat_map(|s| s.spec.devices.unwrap_or_default())
+            .collect())
     }
 
     /// `node`'s own folder on this host (its `/run`, `/var/lib/kubelet`, ...).
@@ -199,16 +304,33 @@ impl RealNodes {
 
     /// The kubelet plugin's pod on `node`.
     pub async fn plugin_pod(&self, node: &str) -> anyhow::Result<Pod> {
-        let params = ListParams::default()
-            .labels("app=nvidia-dra-driver-kubelet-plugin")
-            .fields(&format!("spec.nodeName={node}"));
-        Api::<Pod>::namespaced(self.client.clone(), OPERATOR_NS)
-            .list(&params)
+        self.operand_pod("app=nvidia-dra-driver-kubelet-plugin", node)
+            .await
+    }
+
+    /// The pod of the operator's namespace matching label `selector` on `node`.
+    pub async fn operand_pod(&self, selector: &str, node: &str) -> anyhow::Result<Pod> {
+        self.operand_pods(Some(selector), node)
             .await?
-            .items
             .into_iter()
             .next()
-            .with_context(|| format!("no kubelet plugin pod on {node}"))
+            .with_context(|| format!("no pod {selector} on {node}"))
+    }
+
+    /// The pods of the operator's namespace on `node` (matching label `selector`, if any).
+    pub async fn operand_pods(
+        &self,
+        selector: Option<&str>,
+        node: &str,
+    ) -> anyhow::Result<Vec<Pod>> {
+        let mut params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        if let Some(selector) = selector {
+            params = params.labels(selector);
+        }
+        Ok(Api::<Pod>::namespaced(self.client.clone(), OPERATOR_NS)
+            .list(&params)
+            .await?
+            .items)
     }
 
     /// The last lines of what the components serving `node` logged: its kubelet plugin pod and
@@ -367,11 +489,86 @@ spec:
 /// `/dev/nvidia<minor>` nodes, and `nvml-present` when NVML's library was injected.
 pub const LIST_GPUS: &str = "nvidia-smi -L; ls /dev | grep '^nvidia[0-9]'; test -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 && echo nvml-present";
 
-/// The install guide's claim template and a pod using it: one GPU of `gpu.nvidia.com` matching
-/// the CEL `selector`, on any node; its container runs [`LIST_GPUS`] and ends.
-pub fn selected_gpu_pod(name: &str, selector: &str) -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
+/// The install guide's claim template and a pod using it: `count` devices of a class (by default
+/// one of `gpu.nvidia.com`), on any node unless pinned, its container running [`LIST_GPUS`] in
+/// the guide's image unless told otherwise, and ending.
+#[derive(Clone, Debug)]
+pub struct GuidePod<'a> {
+    name: &'a str,
+    node: Option<&'a str>,
+    count: u32,
+    class: &'a str,
+    selector: Option<&'a str>,
+    script: &'a str,
+    image: &'a str,
+}
+
+impl<'a> GuidePod<'a> {
+    /// Pod and template `name`, one `gpu.nvidia.com` device, as the guide writes them.
+    pub fn new(name: &'a str) -> Self {
+        Self {
+            name,
+            node: None,
+            count: 1,
+            class: DRIVER,
+            selector: None,
+            script: LIST_GPUS,
+            image: WORKLOAD_IMAGE,
+        }
+    }
+
+    /// Pinned to `node`.
+    pub fn on(self, node: &'a str) -> Self {
+        Self {
+            node: Some(node),
+            ..self
+        }
+    }
+
+    /// `count` devices.
+    pub fn count(self, count: u32) -> Self {
+        Self { count, ..self }
+    }
+
+    /// Devices of DeviceClass `class`.
+    pub fn class(self, class: &'a str) -> Self {
+        Self { class, ..self }
+    }
+
+    /// Devices matching the CEL `selector`.
+    pub fn selector(self, selector: &'a str) -> Self {
+        Self {
+            selector: Some(selector),
+            ..self
+        }
+    }
+
+    /// Its container runs `script` (`sh -c`).
+    pub fn script(self, script: &'a str) -> Self {
+        Self { script, ..self }
+    }
+
+    /// Its container runs `image`.
+    pub fn image(self, image: &'a str) -> Self {
+        Self { image, ..self }
+    }
+
+    /// The manifests, for `kubectl apply`.
+    pub fn yaml(&self) -> String {
+        let Self {
+            name,
+            count,
+            class,
+            script,
+            image,
+            ..
+        } = self;
+        let selectors = self
+            .selector
+            .map(|cel| format!("\n          selectors: [{{cel: {{expression: {cel:?}}}}}]"))
+            .unwrap_or_default();
+        let template = format!(
+            r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
 spec:
@@ -380,23 +577,114 @@ spec:
       requests:
       - name: gpu
         exactly:
-          deviceClassName: gpu.nvidia.com
-          selectors: [{{cel: {{expression: {selector:?}}}}}]
----
-apiVersion: v1
+          deviceClassName: {class}
+          allocationMode: ExactCount
+          count: {count}{selectors}
+"#
+        );
+        let pod = workload_pod(
+            name,
+            self.node,
+            &format!("\n  resourceClaims: [{{name: gpu, resourceClaimTemplateName: {name}}}]"),
+            image,
+            script,
+            "{claims: [{name: gpu}]}",
+        );
+        format!("{template}---\n{pod}")
+    }
+}
+
+/// A pod `name` asking one of extended resource `resource` (`nvidia.com/gpu`, a GPUClass's
+/// resource) with no claim in its manifest, pinned to `node` if given, running `script`.
+pub fn resource_pod(name: &str, resource: &str, node: Option<&str>, script: &str) -> String {
+    let limits = format!("{{limits: {{{resource}: 1}}}}");
+    workload_pod(name, node, "", WORKLOAD_IMAGE, script, &limits)
+}
+
+/// A workload pod that runs `script` once in `image`, pinned to `node` if given, with the pod-level
+/// `extra` spec lines and the container's `resources` (flow-style YAML).
+fn workload_pod(
+    name: &str,
+    node: Option<&str>,
+    extra: &str,
+    image: &str,
+    script: &str,
+    resources: &str,
+) -> String {
+    format!(
+        r#"apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
-  resourceClaims: [{{name: gpu, resourceClaimTemplateName: {name}}}]
+  nodeSelector: {}{extra}
   containers:
   - name: workload
-    image: {WORKLOAD_IMAGE}
-    command: ["sh", "-c", {LIST_GPUS:?}]
-    resources: {{claims: [{{name: gpu}}]}}
+    image: {image}
+    command: ["sh", "-c", {script:?}]
+    resources: {resources}
+"#,
+        pinned_to(node)
+    )
+}
+
+/// A GPUClass `name` of the GPUs whose `gpu-operator-rs.dev/device` label is `device`, with a
+/// `shared` variant of `shares` per card under `strategy` where one is given.
+pub fn gpu_class(name: &str, device: &str, shared: Option<(u32, &str)>) -> String {
+    let variants = shared
+        .map(|(shares, strategy)| {
+            format!("\n  variants:\n    shared: {{shares: {shares}, strategy: {strategy}}}")
+        })
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: gpu-operator-rs.dev/v1alpha1
+kind: GPUClass
+metadata: {{name: {name}}}
+spec:
+  selector:
+    matchLabels: {{gpu-operator-rs.dev/device: {device}}}{variants}
 "#
     )
+}
+
+/// A node selector pinning a pod to `node`, or none.
+fn pinned_to(node: Option<&str>) -> String {
+    node.map(|n| format!("{{kubernetes.io/hostname: {n}}}"))
+        .unwrap_or_else(|| "{}".to_owned())
+}
+
+/// Deletes what a scenario made when it is dropped, passed or failed: objects of each kind (in the
+/// workload namespace where the kind is namespaced), in the order given.
+#[derive(Debug)]
+pub struct Cleanup<'a> {
+    cluster: &'a RealNodes,
+    objects: Vec<(&'static str, Vec<&'static str>)>,
+}
+
+impl RealNodes {
+    /// A guard deleting `objects` (kind, names) when it is dropped.
+    pub fn cleanup(&self, objects: &[(&'static str, &[&'static str])]) -> Cleanup<'_> {
+        Cleanup {
+            cluster: self,
+            objects: objects
+                .iter()
+                .map(|(kind, names)| (*kind, names.to_vec()))
+                .collect(),
+        }
+    }
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for (kind, names) in &self.objects {
+            if !names.is_empty()
+                && let Err(e) = self.cluster.delete(kind, names)
+            {
+                eprintln!("cleanup: deleting {kind} {names:?}: {e:#}");
+            }
+        }
+    }
 }
 
 /// The GPU UUIDs in `text` (`GPU-…`), in order.
@@ -424,10 +712,19 @@ mod tests {
         for yaml in [
             sharing_claim("c", "{strategy: TimeSlicing}"),
             claim_pod("p", "n", "c", &[("a", "echo 'hi'; sleep 1"), ("b", "true")]),
-            selected_gpu_pod(
-                "s",
-                "device.attributes['gpu.nvidia.com'].productName == 'x'",
-            ),
+            GuidePod::new("s")
+                .selector("device.attributes['gpu.nvidia.com'].productName == 'x'")
+                .yaml(),
+            GuidePod::new("t")
+                .on("n")
+                .count(2)
+                .class("mig.nvidia.com")
+                .image("docker.io/library/ubuntu:24.04")
+                .yaml(),
+            resource_pod("r", "nvidia.com/gpu", Some("n"), "true"),
+            resource_pod("r", "gpu-operator-rs.dev/h100", None, LIST_GPUS),
+            gpu_class("c", "l4", None),
+            gpu_class("c", "l4", Some((2, "MPS"))),
         ] {
             for doc in yaml.split("\n---\n") {
                 let value: serde_yaml::Value = serde_yaml::from_str(doc).unwrap();

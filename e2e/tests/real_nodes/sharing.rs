@@ -1,45 +1,15 @@
-//! Scenarios on real nodes (real kubelets and containerd, mock GPUs, the chart installed): claims
-//! written for the upstream driver's sharing API, what a prepared claim's status says, and CEL
-//! selection on the attributes the plugin publishes. `hack/test/real-nodes.sh` brings the cluster up
-//! and runs them in `make test` (`e2e/run.sh --real-nodes`); each removes what it made.
-//!
-//! One alone, on a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
-//! `SHARED_CLUSTER=1 CLUSTER_DIR=.cluster/real-<port base> e2e/run.sh --real-nodes mps`.
+//! Claims written for the upstream driver's sharing API: time-slicing with an interval, and MPS
+//! with a control daemon of the claim's own.
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use e2e::eventually;
 use e2e::real_nodes::{
-    H100_NODE, L4_NODE, OPERATOR_NS, RealNodes, WORKLOAD_NS, claim_pod, gpu_uuids,
-    selected_gpu_pod, sharing_claim,
+    H100_NODE, L4_NODE, OPERATOR_NS, RealNodes, WORKLOAD_NS, claim_pod, gpu_uuids, sharing_claim,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::Api;
 use std::time::Duration;
-
-/// Deletes what a scenario made when it ends, passed or failed.
-struct Cleanup<'a> {
-    cluster: &'a RealNodes,
-    pods: Vec<&'static str>,
-    claims: Vec<&'static str>,
-    templates: Vec<&'static str>,
-}
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        for (kind, names) in [
-            ("pod", &self.pods),
-            ("resourceclaim", &self.claims),
-            ("resourceclaimtemplate", &self.templates),
-        ] {
-            if !names.is_empty()
-                && let Err(e) = self.cluster.delete(kind, names)
-            {
-                eprintln!("cleanup: deleting {kind} {names:?}: {e:#}");
-            }
-        }
-    }
-}
 
 /// The compute time-slice the node's own `nvidia-smi` shows for GPU `uuid` (`SHORT`, `DEFAULT`).
 fn node_timeslice(cluster: &RealNodes, node: &str, uuid: &str) -> anyhow::Result<String> {
@@ -96,12 +66,7 @@ async fn held_by(cluster: &RealNodes, claim: &str) -> anyhow::Result<Vec<String>
 async fn a_time_sliced_claim_sets_the_gpus_interval_and_its_status_says_what_it_holds()
 -> anyhow::Result<()> {
     let cluster = RealNodes::connect().await?;
-    let _cleanup = Cleanup {
-        cluster: &cluster,
-        pods: vec!["ts-a", "ts-b"],
-        claims: vec!["ts-short"],
-        templates: vec![],
-    };
+    let _cleanup = cluster.cleanup(&[("pod", &["ts-a", "ts-b"]), ("resourceclaim", &["ts-short"])]);
     // The upstream quickstart's shape: one claim asking for TimeSlicing with interval Short,
     // named by two pods.
     cluster.apply(&sharing_claim(
@@ -236,12 +201,7 @@ async fn a_time_sliced_claim_sets_the_gpus_interval_and_its_status_says_what_it_
 #[ignore = "needs real nodes: make test-real-nodes runs it"]
 async fn an_mps_claim_runs_its_own_control_daemon_until_its_pod_goes() -> anyhow::Result<()> {
     let cluster = RealNodes::connect().await?;
-    let _cleanup = Cleanup {
-        cluster: &cluster,
-        pods: vec!["mps-pod"],
-        claims: vec!["mps-claim"],
-        templates: vec![],
-    };
+    let _cleanup = cluster.cleanup(&[("pod", &["mps-pod"]), ("resourceclaim", &["mps-claim"])]);
     // The upstream driver's documented shape: MPS with a thread percentage and a pinned memory
     // limit, used by two containers of one pod.
     cluster.apply(&sharing_claim(
@@ -345,130 +305,6 @@ async fn an_mps_claim_runs_its_own_control_daemon_until_its_pod_goes() -> anyhow
                     )),
                 }
             }),
-        )
-        .await
-}
-
-/// The GPU UUIDs `node` publishes, with the PCIe root each is under.
-async fn published(
-    cluster: &RealNodes,
-    node: &str,
-) -> anyhow::Result<Vec<(String, Option<String>)>> {
-    let params =
-        ListParams::default().fields(&format!("spec.nodeName={node},spec.driver=gpu.nvidia.com"));
-    let slices = Api::<ResourceSlice>::all(cluster.client.clone())
-        .list(&params)
-        .await?;
-    Ok(slices
-        .items
-        .into_iter()
-        .flat_map(|s| s.spec.devices.unwrap_or_default())
-        .filter_map(|d| {
-            let attributes = d.attributes.unwrap_or_default();
-            let uuid = attributes.get("uuid")?.string.clone()?;
-            let root = attributes
-                .get("resource.kubernetes.io/pcieRoot")
-                .and_then(|a| a.string.clone());
-            Some((uuid, root))
-        })
-        .collect())
-}
-
-/// Pod `name` succeeded on `node` and saw exactly one GPU, one `node` publishes, with its one
-/// device node and NVML's library; that GPU.
-async fn ran_on_one_gpu_of(cluster: &RealNodes, name: &str, node: &str) -> anyhow::Result<String> {
-    let ran_on = cluster
-        .wait_succeeded(name, Duration::from_secs(120))
-        .await?;
-    ensure!(ran_on == node, "{name} ran on {ran_on}, not on {node}");
-    let log = cluster.logs(name, None).await?;
-    let seen = gpu_uuids(&log);
-    let [uuid] = seen.as_slice() else {
-        bail!("{name} saw {} GPUs: {log}", seen.len());
-    };
-    let nodes = log
-        .lines()
-        .filter(|l| {
-            l.strip_prefix("nvidia")
-                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .count();
-    ensure!(
-        nodes == 1 && log.lines().any(|l| l == "nvml-present"),
-        "{name} got {nodes} /dev/nvidia<minor> nodes, NVML {}: {log}",
-        if log.contains("nvml-present") {
-            "present"
-        } else {
-            "missing"
-        }
-    );
-    let node_gpus = published(cluster, node).await?;
-    ensure!(
-        node_gpus.iter().any(|(u, _)| u == uuid),
-        "{name} saw {uuid}, which {node} does not publish"
-    );
-    Ok(uuid.clone())
-}
-
-#[tokio::test]
-#[ignore = "needs real nodes: make test-real-nodes runs it"]
-async fn cel_selects_gpus_by_product_memory_pcie_root_and_addressing_mode() -> anyhow::Result<()> {
-    let cluster = RealNodes::connect().await?;
-    let names = vec!["l4-workload", "big-memory", "pcie-root"];
-    let _cleanup = Cleanup {
-        cluster: &cluster,
-        pods: names.clone(),
-        claims: vec![],
-        templates: names,
-    };
-    cluster.apply(&selected_gpu_pod(
-        "l4-workload",
-        "device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('l4')",
-    ))?;
-    cluster.apply(&selected_gpu_pod(
-        "big-memory",
-        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0",
-    ))?;
-    // Attributes a claim written for the upstream driver selects on: the standard PCIe root (two
-    // H100s to a root, gpu-2 and gpu-3 under pci0000:40) and NVML's addressing mode.
-    cluster.apply(&selected_gpu_pod(
-        "pcie-root",
-        "device.attributes['resource.kubernetes.io'].pcieRoot == 'pci0000:40' && device.attributes['gpu.nvidia.com'].addressingMode == 'HMM'",
-    ))?;
-    cluster
-        .step("a selector on the product name got an L4", L4_NODE, async {
-            ran_on_one_gpu_of(&cluster, "l4-workload", L4_NODE)
-                .await
-                .map(drop)
-        })
-        .await?;
-    cluster
-        .step(
-            "a selector on at least 70 GiB of memory got an H100",
-            H100_NODE,
-            async {
-                ran_on_one_gpu_of(&cluster, "big-memory", H100_NODE)
-                    .await
-                    .map(drop)
-            },
-        )
-        .await?;
-    cluster
-        .step(
-            "a selector on resource.kubernetes.io/pcieRoot and addressingMode got one of the 2 H100s under pci0000:40",
-            H100_NODE,
-            async {
-                let seen = ran_on_one_gpu_of(&cluster, "pcie-root", H100_NODE).await?;
-                let under: Vec<String> = published(&cluster, H100_NODE)
-                    .await?
-                    .into_iter()
-                    .filter(|(_, root)| root.as_deref() == Some("pci0000:40"))
-                    .map(|(uuid, _)| uuid)
-                    .collect();
-                ensure!(under.len() == 2, "GPUs under pci0000:40: {under:?}");
-                ensure!(under.contains(&seen), "the pod saw {seen}, not one of {under:?}");
-                Ok(())
-            },
         )
         .await
 }

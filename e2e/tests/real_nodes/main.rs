@@ -1,0 +1,81 @@
+//! Scenarios on real nodes (real kubelets and containerd, mock GPUs, the chart installed), one
+//! test function per behaviour: what the install guide promises on every GPU node
+//! (`install`), what each component's own token may do (`access`), the guide's workloads
+//! (`workloads`), claims written for the upstream driver's sharing API (`sharing`), CEL selection
+//! on the published attributes (`selection`), and GPUClasses: extended resources and shares of a
+//! card (`classes`). `hack/test/real-nodes.sh` brings the cluster up, installs the chart and runs
+//! them in `make test` (`e2e/run.sh --real-nodes`); each removes what it made.
+//!
+//! One alone, on a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
+//! `SHARED_CLUSTER=1 CLUSTER_DIR=.cluster/real-<port base> e2e/run.sh --real-nodes <part of a name>`.
+
+mod access;
+mod classes;
+mod install;
+mod selection;
+mod sharing;
+mod workloads;
+
+use anyhow::{bail, ensure};
+use e2e::real_nodes::{RealNodes, gpu_uuids};
+use std::time::Duration;
+
+/// The GPU UUIDs `node` publishes, with the PCIe root each is under.
+async fn published_gpus(
+    cluster: &RealNodes,
+    node: &str,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    Ok(cluster
+        .published_devices(node)
+        .await?
+        .into_iter()
+        .filter_map(|d| {
+            let attributes = d.attributes.unwrap_or_default();
+            let uuid = attributes.get("uuid")?.string.clone()?;
+            let root = attributes
+                .get("resource.kubernetes.io/pcieRoot")
+                .and_then(|a| a.string.clone());
+            Some((uuid, root))
+        })
+        .collect())
+}
+
+/// Pod `name` succeeded on `node` and saw exactly `count` GPUs, all published by `node`, with as
+/// many `/dev/nvidia<minor>` nodes and NVML's library; those GPUs' UUIDs.
+async fn ran_on_gpus(
+    cluster: &RealNodes,
+    name: &str,
+    node: &str,
+    count: usize,
+) -> anyhow::Result<Vec<String>> {
+    let ran_on = cluster
+        .wait_succeeded(name, Duration::from_secs(120))
+        .await?;
+    ensure!(ran_on == node, "{name} ran on {ran_on}, not on {node}");
+    let log = cluster.logs(name, None).await?;
+    let seen = gpu_uuids(&log);
+    if seen.len() != count {
+        bail!("{name} saw {} GPUs, not {count}: {log}", seen.len());
+    }
+    let device_nodes = log
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("nvidia")
+                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    let nvml = log.lines().any(|l| l == "nvml-present");
+    ensure!(
+        device_nodes == count && nvml,
+        "{name} got {device_nodes} /dev/nvidia<minor> nodes, NVML {}: {log}",
+        if nvml { "present" } else { "missing" }
+    );
+    let node_gpus = published_gpus(cluster, node).await?;
+    for uuid in &seen {
+        ensure!(
+            node_gpus.iter().any(|(u, _)| u == uuid),
+            "{name} saw {uuid}, which {node} does not publish"
+        );
+    }
+    Ok(seen)
+}
