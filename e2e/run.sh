@@ -6,7 +6,7 @@
 # stays up.
 #
 #   e2e/run.sh [FILTER...]               the suite, or only its tests whose names contain a FILTER
-#   e2e/run.sh --real-nodes [FILTER...]  the real-node scenarios (e2e/tests/real_nodes.rs) on the
+#   e2e/run.sh --real-nodes [FILTER...]  the real-node scenarios (e2e/tests/real_nodes/) on the
 #                                        real-node cluster in $CLUSTER_DIR (SHARED_CLUSTER=1; make
 #                                        test-real-nodes runs them, KEEP_CLUSTER=1 leaves it up)
 set -euo pipefail
