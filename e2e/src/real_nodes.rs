@@ -11,8 +11,7 @@
 use crate::{Env, eventually};
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::Device;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, LogParams};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -198,6 +197,79 @@ impl RealNodes {
             .and_then(|s| s.service_account_name)
             .unwrap_or_default();
         self.sa_kubeconfig(&sa, Some(&name))
+    }
+
+    /// Restarts `node`'s kubelet (as a kubelet upgrade or a crash does).
+    pub fn restart_kubelet(&self, node: &str) -> anyhow::Result<()> {
+        self.hack_cluster(&["restart-kubelet", node]).map(drop)
+    }
+
+    /// The claim of workload pod `pod` (its first), as the API holds it now.
+    pub async fn claim_of(&self, pod: &str) -> anyhow::Result<ResourceClaim> {
+        let name = self
+            .pod(pod)
+            .await?
+            .and_then(|p| p.status?.resource_claim_statuses?.into_iter().next())
+            .and_then(|s| s.resource_claim_name)
+            .with_context(|| format!("pod {pod} has no claim yet"))?;
+        Ok(
+            Api::<ResourceClaim>::namespaced(self.client.clone(), WORKLOAD_NS)
+                .get(&name)
+                .await?,
+        )
+    }
+
+    /// The CDI spec file the plugin on `node` writes for the claim with uid `uid`.
+    pub fn claim_spec(&self, node: &str, uid: &str) -> PathBuf {
+        self.node_dir(node)
+            .join(format!("run/cdi/k8s.gpu.nvidia.com-claim_{uid}.yaml"))
+    }
+
+    /// Whether the runtimes' own CDI library (`hack/cmd/cdi-validate`) loads every spec of `node`
+    /// and resolves claim `uid`'s `device` in them; what it said when not.
+    pub fn cdi_resolves(&self, node: &str, uid: &str, device: &str) -> anyhow::Result<()> {
+        let mut command = Command::new(self.env.tools_dir.join("cdi-validate"));
+        command
+            .arg("-id")
+            .arg(format!("k8s.gpu.nvidia.com/claim={uid}-{device}"))
+            .arg(self.node_dir(node).join("run/cdi"));
+        run(&mut command, None).map(drop)
+    }
+
+    /// The state the plugin's checkpoint on `node` records for claim `uid` (empty when none).
+    pub fn checkpointed(&self, node: &str, uid: &str) -> anyhow::Result<String> {
+        let path = self
+            .node_dir(node)
+            .join("var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Ok(value["payload"]["claims"][uid]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned())
+    }
+
+    /// The CDI spec files of `node`'s workload claims (less the operands' own), sorted.
+    pub async fn workload_specs(&self, node: &str) -> anyhow::Result<Vec<String>> {
+        let operands: Vec<String> =
+            Api::<ResourceClaim>::namespaced(self.client.clone(), OPERATOR_NS)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|c| c.metadata.uid)
+                .map(|uid| format!("k8s.gpu.nvidia.com-claim_{uid}.yaml"))
+                .collect();
+        let dir = self.node_dir(node).join("run/cdi");
+        let mut specs: Vec<String> = std::fs::read_dir(&dir)
+            .with_context(|| format!("listing {}", dir.display()))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.starts_with("k8s.gpu.nvidia.com-claim_") && !operands.contains(f))
+            .collect();
+        specs.sort();
+        Ok(specs)
     }
 
     /// Node `name`'s labels.

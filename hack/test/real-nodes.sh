@@ -55,7 +55,6 @@ export CLUSTER_DIR="$REPO_DIR/.cluster/real-$PORT_BASE"
 # Three products on three real nodes, the last with MIG enabled (it publishes MIG devices only).
 # The fourth real node has no GPU until one is plugged in late in the test.
 export NODES=1 CPU_NODES=0 REAL_NODES=4 REAL_GPUS="h100-sxm5-80gb:4 l4:2 a100-sxm4-40gb-mig-mixed:2 l4:0"
-MIG_NODE=real-gpu-2
 GPULESS_NODE=real-gpu-3
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 IMAGE=gpu-operator-rs.dev/test/busybox:1
@@ -316,7 +315,6 @@ node_uuids() {
   slice_uuids "$1"
   grep -o '^- *name: GPU-[0-9a-f-]*' "$CLUSTER_DIR/nodes/$1/run/cdi/k8s.device-plugin.nvidia.com-gpu.yaml" 2>/dev/null | grep -o 'GPU-.*' || true
 }
-slice_devices() { k get resourceslices --field-selector "spec.nodeName=$1,spec.driver=gpu.nvidia.com" -o jsonpath='{range .items[*].spec.devices[*]}{.name}{"\n"}{end}'; }
 # gfd_labels NODE: the labels a workload author selects on, as GPU feature discovery names them.
 gfd_labels() {
   k get node "$1" -o jsonpath='{.metadata.labels.feature\.node\.kubernetes\.io/pci-10de\.present} {.metadata.labels.nvidia\.com/gpu\.product} {.metadata.labels.nvidia\.com/gpu\.count} {.metadata.labels.nvidia\.com/gpu\.memory} {.metadata.labels.nvidia\.com/gpu\.family} {.metadata.labels.nvidia\.com/gpu\.compute\.major}.{.metadata.labels.nvidia\.com/gpu\.compute\.minor} {.metadata.labels.nvidia\.com/mig\.capable} {.metadata.labels.nvidia\.com/cuda\.driver-version\.full} {.metadata.labels.nvidia\.com/cuda\.runtime-version\.full}'
@@ -366,24 +364,6 @@ pod_phase() { k -n default get pod "$1" -o jsonpath='{.status.phase}'; }
 pod_node() { k -n default get pod "$1" -o jsonpath='{.spec.nodeName}'; }
 finished() { [[ "$(pod_phase "$1")" == Succeeded || "$(pod_phase "$1")" == Failed ]]; }
 running() { [[ "$(pod_phase "$1")" == Running ]]; }
-# claim_uid POD: the uid of the claim made for POD from its template.
-claim_uid() {
-  local claim
-  claim="$(k -n default get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')"
-  [[ -n "$claim" ]] && k -n default get resourceclaim "$claim" -o jsonpath='{.metadata.uid}'
-}
-# cdi_valid NODE UID DEVICE: the runtimes' own CDI library loads every spec of NODE and resolves the
-# claim's device in it (hack/cmd/cdi-validate).
-cdi_valid() { "$BIN_DIR/cdi-validate" -id "k8s.gpu.nvidia.com/claim=$2-$3" "$CLUSTER_DIR/nodes/$1/run/cdi" >/dev/null; }
-cdi_spec() { echo "$CLUSTER_DIR/nodes/$1/run/cdi/k8s.gpu.nvidia.com-claim_$2.yaml"; } # NODE UID
-# workload_specs NODE: the CDI spec files of NODE's claims, less the operands' own (the validator's
-# and the DCGM exporter's claims in the operator's namespace), sorted.
-workload_specs() {
-  local operands
-  operands="$(k -n "$GNS" get resourceclaims -o jsonpath='{range .items[*]}claim_{.metadata.uid}.{"\n"}{end}')"
-  find "$CLUSTER_DIR/nodes/$1/run/cdi" -name 'k8s.gpu.nvidia.com-claim_*' -printf '%f\n' |
-    grep -vF -f <(grep -v '^claim_\.$' <<<"$operands" || true) | sort || true
-}
 # check_gpu_pod NAME NODES COUNT: the pod succeeded on one of NODES (a|b) and saw exactly COUNT of that
 # node's GPUs, nothing else.
 check_gpu_pod() {
@@ -427,25 +407,14 @@ spec:
       limits: {${RESOURCE:-nvidia.com/gpu}: 1}
 EOF
 }
-# shared_h100s: GPUClass h100s, the H100s in time-sliced shares of 2.
-shared_h100s() {
-  k apply -f - >/dev/null <<EOF
-apiVersion: gpu-operator-rs.dev/v1alpha1
-kind: GPUClass
-metadata: {name: h100s}
-spec:
-  selector:
-    matchLabels: {gpu-operator-rs.dev/device: h100-80gb-hbm3}
-  variants:
-    shared: {shares: 2, strategy: TimeSlicing}
-EOF
-}
 # The scenarios of e2e/tests/real_nodes/ on this cluster, one PASS or FAIL line each: what the install
 # guide promises on every GPU node (readiness labels, the GPUCluster's counts, DeviceClasses,
 # driver-ready, every GPU and MIG device published, GPU discovery's labels), what each component's
-# token may do, the guide's workloads, claims written for the upstream driver's sharing API, CEL
-# selection, GPUClasses' extended resources and shares. The subset leaves out CEL selection and the
-# GPUClasses (1.34 serves no shares). With KEEP_CLUSTER=1 the test stops after them and leaves the
+# token may do, the guide's workloads, the kubelet plugin on a real kubelet (a restart, its
+# metrics, its pod replaced under a claim, a MIG claim, a SIGKILL mid-prepare), claims written for
+# the upstream driver's sharing API, CEL selection, GPUClasses' extended resources and shares, and
+# what the GPUCluster says the apiserver serves. The subset leaves out CEL selection, the GPUClasses
+# (1.34 serves no shares) and of the plugin's scenarios all but the MIG claim. With KEEP_CLUSTER=1 the test stops after them and leaves the
 # cluster up, the chart installed, for running one alone (e2e/run.sh --real-nodes).
 # scenario_verdicts LOG: "NAME ok|FAILED" per test in the output of libtest with --nocapture, where
 # a test's own lines come between its "test NAME ... " and its verdict, alone on a line.
@@ -457,7 +426,7 @@ scenario_verdicts() {
        }
        name != "" && ($0 == "ok" || $0 == "FAILED") { print name, $0; name = "" }' "$1"
 }
-if full; then scenarios=(); else scenarios=(install:: access:: workloads:: sharing::); fi
+if full; then scenarios=(); else scenarios=(install:: access:: workloads:: sharing:: plugin::a_mig_claim); fi
 scenario_log="$CLUSTER_DIR/logs/real-node-scenarios.log"
 SHARED_CLUSTER=1 CLUSTER_DIR="$CLUSTER_DIR" "$REPO_DIR/e2e/run.sh" --real-nodes "${scenarios[@]}" 2>&1 | tee "$scenario_log" || true
 ran=0
@@ -474,200 +443,8 @@ if [[ -n "${KEEP_CLUSTER:-}" ]]; then
   exit 0
 fi
 
-# What the apiserver serves of the DRA features, as the GPUCluster says: everything on the newest
-# release; on 1.34 the counter sets GPU shares draw on come in an older shape, which the plugin's
-# layout cannot use, so a class with a shared variant leaves every GPU published whole (and the
-# node working) and its status says why.
-features_condition() { k get gpucluster gpu-cluster -o jsonpath='{.status.conditions[?(@.type=="DRAFeaturesServed")].reason}: {.status.conditions[?(@.type=="DRAFeaturesServed")].message}'; }
-if full; then
-  if [[ "$(features_condition)" == AllServed:* ]]; then
-    pass "GPUCluster DRAFeaturesServed on $K8S_VERSION: $(features_condition)"
-  else
-    fail "GPUCluster DRAFeaturesServed on $K8S_VERSION: $(features_condition)"
-  fi
-else
-  if [[ "$(features_condition)" == "FeaturesMissing: DRAPartitionableDevices is served in an older shape"*"no GPU is published in shares"* ]]; then
-    pass "GPUCluster DRAFeaturesServed on $K8S_VERSION names what it lacks: $(features_condition)"
-  else
-    fail "GPUCluster DRAFeaturesServed on $K8S_VERSION: $(features_condition)"
-  fi
-  pool_generation() { k get resourceslices --field-selector spec.nodeName=real-gpu-0,spec.driver=gpu.nvidia.com -o jsonpath='{.items[0].spec.pool.generation}'; }
-  generation_before="$(pool_generation)"
-  shared_h100s
-  class_says() { k get gpuclass h100s -o jsonpath='{.status.conditions[0].message}'; }
-  # The plugin tried the shares, was refused, and published the pool again without them (a newer
-  # generation: a plugin stuck on the refusal would keep the old one).
-  unshared() {
-    [[ "$(class_says)" == *"published in shares only when"* && "$(slice_devices real-gpu-0 | paste -sd' ')" == "gpu-0 gpu-1 gpu-2 gpu-3" ]] &&
-      (($(pool_generation) > generation_before))
-  }
-  if wait_until 60 unshared; then
-    pass "a GPUClass with a shared variant on $K8S_VERSION: real-gpu-0 republished its 4 GPUs whole (pool generation $generation_before -> $(pool_generation)), and the class says: $(class_says)"
-  else
-    fail "GPUClass h100s on $K8S_VERSION: '$(class_says)'; real-gpu-0 publishes: $(slice_devices real-gpu-0 | paste -sd' ') at generation $(pool_generation) (before: $generation_before)"
-  fi
-  gpu_pod beside-shares real-gpu-0 1
-  check_gpu_pod beside-shares real-gpu-0 1
-  k -n default delete pod beside-shares --wait=false >/dev/null
-  k delete gpuclass h100s --wait=false >/dev/null
-fi
-
-if full; then # not in the subset: a kubelet restart
-# A kubelet restart: the plugin registers again and the node keeps serving claims. The pod is made
-# once the kubelet took the plugin's registration again (a pod that found no driver would wait out
-# the kubelet's backoff) and the plugin published its slice again (the kubelet wipes it at start).
-registrations() { grep -c 'RegisterPlugin started.*gpu.nvidia.com-reg.sock' "$CLUSTER_DIR/logs/kubelet-real-gpu-0.log" || true; }
-before="$(registrations)"
-"$HACK_DIR/cluster" restart-kubelet real-gpu-0
-registered_again() { (($(registrations) > before)) && [[ "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 ]]; }
-node_ready() { [[ "$(k get node real-gpu-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
-if wait_until 90 registered_again && wait_until 60 node_ready; then
-  pass "after a kubelet restart on real-gpu-0 the plugin pod registered again and republished its 4 GPUs"
-else
-  fail "after a kubelet restart on real-gpu-0: registrations $before -> $(registrations), GPUs in slices $(slice_uuids real-gpu-0 | grep -c ^GPU-)"
-fi
-gpu_pod after-restart real-gpu-0 1
-check_gpu_pod after-restart real-gpu-0 1
-
-# The plugin's metrics under the upstream driver's names and labels, scraped as Prometheus would
-# (from the node, at the pod's address), after the claims above and the scenarios' claims.
-plugin_ip="$(k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector spec.nodeName=real-gpu-0 -o jsonpath='{.items[0].status.podIP}')"
-scrape="$("$HACK_DIR/cluster" node-exec real-gpu-0 /bin/busybox wget -qO- "http://$plugin_ip:8080/metrics" 2>&1 || true)"
-prepared="$(sed -n 's/^nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"} \([0-9]*\)$/\1/p' <<<"$scrape")"
-missing=""
-for series in 'nvidia_dra_request_duration_seconds_count{driver="gpu.nvidia.com",operation="prepare"}' \
-  'nvidia_dra_requests_inflight{driver="gpu.nvidia.com",operation="prepare"} 0' \
-  'nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="unprepare"}' \
-  'nvidia_dra_prepared_devices{node="real-gpu-0",driver="gpu.nvidia.com",device_type="gpu"}' \
-  'nvidia_dra_prepared_devices{node="real-gpu-0",driver="gpu.nvidia.com",device_type="mig"} 0' \
-  'gpu_kubelet_plugin_claim_requests_total{operation="Prepare"}'; do
-  grep -qF "$series" <<<"$scrape" || missing+=" $series"
-done
-if [[ -n "$prepared" ]] && ((prepared >= 1)) && [[ -z "$missing" ]]; then
-  pass "the plugin's /metrics on real-gpu-0 serves the upstream driver's series beside ours ($prepared claims prepared)"
-else
-  fail "plugin metrics on real-gpu-0 ($plugin_ip): prepared '$prepared', missing:$missing; $(head -c 300 <<<"$scrape")"
-fi
-fi
-
-# The plugin pod deleted under a running pod's prepared claim: its DaemonSet brings it back, the slices
-# return, the claim's CDI spec and the pod stay, and the new plugin unprepares the claim later.
+# plugin_on NODE: "name ready" of the DRA kubelet plugin pod on NODE.
 plugin_on() { k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector "spec.nodeName=$1" -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[?(@.name=="gpus")].ready}{"\n"}{end}'; }
-if full; then # not in the subset: the plugin pod replaced under a claim
-gpu_pod held real-gpu-0 1 gpu.nvidia.com "" "$LIST_GPUS; sleep 3600"
-if wait_until 120 running held; then
-  uid="$(claim_uid held)"
-  spec="$(cdi_spec real-gpu-0 "$uid")"
-  # The exporter's admin-access claim holds every GPU of the node, the workload's included.
-  device="$(k -n default get resourceclaims -o jsonpath="{.items[?(@.metadata.uid==\"$uid\")].status.allocation.devices.results[0].device}")"
-  shared="$(k -n "$GNS" get resourceclaims -o json | python3 -c '
-import json, sys
-node, device = sys.argv[1:]
-for c in json.load(sys.stdin)["items"]:
-    results = ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
-    if c["metadata"]["name"].startswith("nvidia-dcgm-exporter-dra") and results and all(r.get("adminAccess") for r in results) \
-            and any(r["pool"] == node and r["device"] == device for r in results):
-        print(c["metadata"]["name"])' real-gpu-0 "$device")"
-  if [[ -n "$device" && -n "$shared" ]]; then
-    pass "the exporter's admin-access claim $shared also holds $device, the workload's GPU"
-  else
-    fail "no admin-access exporter claim holds real-gpu-0's '$device'"
-  fi
-  if cdi_valid real-gpu-0 "$uid" "$device"; then
-    pass "the runtimes' CDI library (cdi-validate) loads real-gpu-0's specs and resolves the claim's device"
-  else
-    fail "cdi-validate on real-gpu-0: $(cdi_valid real-gpu-0 "$uid" "$device" 2>&1 | tail -3)"
-  fi
-  old="$(plugin_on real-gpu-0 | cut -d' ' -f1)"
-  k -n "$GNS" delete pod "$old" --wait=false >/dev/null
-  back() { local p; p="$(plugin_on real-gpu-0)"; [[ -n "$p" && "$p" != "$old "* && "$p" == *" true" && "$(slice_uuids real-gpu-0 | grep -c ^GPU-)" == 4 ]]; }
-  if [[ -f "$spec" ]] && wait_until 120 back && [[ -f "$spec" && "$(pod_phase held)" == Running ]] &&
-    [[ "$(k -n default get pod held -o jsonpath='{.status.containerStatuses[0].restartCount}')" == 0 ]]; then
-    pass "plugin pod $old deleted under a running claim: $(plugin_on real-gpu-0 | cut -d' ' -f1) took over, 4 GPUs published again, CDI spec and pod kept"
-  else
-    fail "plugin pod replaced under a running claim: plugin $(plugin_on real-gpu-0 | tr '\n' ' '), spec $(ls "$spec" 2>&1), held $(pod_phase held)"
-  fi
-  k -n default delete pod held --wait=false >/dev/null
-  if wait_until 90 test ! -e "$spec"; then
-    pass "the new plugin unprepared the claim once its pod was deleted (CDI spec removed)"
-  else
-    fail "CDI spec $spec still there 90 s after its pod was deleted"
-  fi
-else
-  fail "held on real-gpu-0: $(pod_phase held); $(k -n default describe pod held | tail -4 | tr '\n' ' ')"
-fi
-fi
-
-# MIG through mig.nvidia.com: the container gets its parent GPU's node and the MIG device's two
-# capability nodes (GPU instance, compute instance), made by the runtime from the CDI spec.
-MIG_SH="ls /dev/nvidia-caps; ls /dev | grep '^nvidia[0-9]'; nvidia-smi -L"
-gpu_pod mig-workload "" 1 mig.nvidia.com "" "$MIG_SH; sleep 3600"
-if wait_until 120 running mig-workload; then
-  log="$(k -n default logs mig-workload)"
-  mig_uid="$(claim_uid mig-workload)"
-  mig_device="$(k -n default get resourceclaims -o jsonpath="{.items[?(@.metadata.uid==\"$mig_uid\")].status.allocation.devices.results[0].device}")"
-  cdi_valid "$MIG_NODE" "$mig_uid" "$mig_device" || fail "cdi-validate rejected the MIG claim's spec ($mig_device)"
-  if [[ "$(pod_node mig-workload)" == "$MIG_NODE" && "$(grep -c '^nvidia-cap[0-9]*$' <<<"$log")" == 2 && "$(grep -c '^nvidia[0-9]*$' <<<"$log")" == 1 ]] &&
-    grep -q '^GPU 0: NVIDIA A100' <<<"$log"; then
-    pass "mig-workload on $MIG_NODE: a MIG device with its 2 capability nodes and its parent GPU: $(tr '\n' ' ' <<<"$log")"
-  else
-    fail "mig-workload on $(pod_node mig-workload): $(tr '\n' ' ' <<<"$log")"
-  fi
-else
-  fail "mig-workload: $(pod_phase mig-workload); $(k -n default describe pod mig-workload | tail -4 | tr '\n' ' ')"
-fi
-
-if full; then # not in the subset: the plugin killed mid-prepare
-# The plugin SIGKILLed in the middle of a second MIG claim's prepare, after its devices are reserved
-# and before its CDI spec exists: nothing of the attempt is recorded (the checkpoint records a claim
-# once, when its spec is written), the completed claim is kept, and the kubelet's retry prepares the
-# second claim. The capability files turned into FIFOs hold the prepare: a writer opened here lets
-# the plugin's open return and then never writes, so its read blocks until the kill.
-caps="$CLUSTER_DIR/nodes/$MIG_NODE/driver/proc/driver/nvidia/capabilities"
-checkpoint="$CLUSTER_DIR/nodes/$MIG_NODE/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json"
-checkpointed() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["payload"]["claims"].get(sys.argv[2], {}).get("state", ""))' "$checkpoint" "$1" 2>/dev/null; }
-held="$CLUSTER_DIR/caps-held"
-rm -rf "$CLUSTER_DIR/caps-saved" "$held" && cp -a "$caps" "$CLUSTER_DIR/caps-saved"
-holders=()
-while IFS= read -r fifo; do
-  rm "$fifo" && mkfifo "$fifo"
-  (exec 3>"$fifo" && touch "$held" && exec sleep 300) &
-  holders+=("$!")
-done < <(find "$caps" -name access)
-gpu_pod mig-crash "" 1 mig.nvidia.com "" "$MIG_SH; sleep 3600"
-holding() { [[ -e "$held" ]]; }
-if wait_until 90 holding && crash_uid="$(claim_uid mig-crash)" && [[ -n "$crash_uid" ]]; then
-  mig_plugin="$(plugin_on "$MIG_NODE" | cut -d' ' -f1)"
-  container="$(k -n "$GNS" get pod "$mig_plugin" -o jsonpath='{.status.containerStatuses[?(@.name=="gpus")].containerID}')"
-  # The files back first: the held prepare stays blocked on the FIFO it opened until the kill.
-  rm -rf "$caps" && cp -a "$CLUSTER_DIR/caps-saved" "$caps"
-  recorded_before_kill="$(checkpointed "$crash_uid")"
-  "$HACK_DIR/cluster" node-exec "$MIG_NODE" "$BIN_DIR/ctr" --address /run/containerd/containerd.sock -n k8s.io \
-    tasks kill -s SIGKILL "${container#containerd://}" 2> >(grep -v 'cgroup v1' >&2)
-  kill "${holders[@]}" 2>/dev/null || true
-  crash_spec="$(cdi_spec "$MIG_NODE" "$crash_uid")"
-  [[ -e "$crash_spec" ]] && fail "the held prepare wrote its CDI spec before the kill"
-  [[ -n "$recorded_before_kill" ]] && fail "the held prepare was recorded ($recorded_before_kill) before its CDI spec existed"
-  if wait_until 120 running mig-crash && [[ "$(checkpointed "$crash_uid")" == PrepareCompleted && "$(checkpointed "$mig_uid")" == PrepareCompleted ]]; then
-    specs="$(workload_specs "$MIG_NODE" | tr '\n' ' ')"
-    want="$(printf '%s\n' "$(basename "$(cdi_spec "$MIG_NODE" "$mig_uid")")" "$(basename "$crash_spec")" | sort | tr '\n' ' ')"
-    if [[ "$specs" == "$want" ]]; then
-      pass "plugin SIGKILLed mid-prepare on $MIG_NODE: nothing of the held claim was recorded, and the kubelet's retry prepared it; both claims PrepareCompleted, one CDI spec each"
-    else
-      fail "CDI specs on $MIG_NODE after the crash: $specs (want $want)"
-    fi
-  else
-    fail "after the crash: mig-crash $(pod_phase mig-crash), checkpoint $(checkpointed "$crash_uid")/$(checkpointed "$mig_uid")"
-  fi
-else
-  kill "${holders[@]}" 2>/dev/null || true
-  rm -rf "$caps" && cp -a "$CLUSTER_DIR/caps-saved" "$caps"
-  fail "the second MIG claim's prepare never opened a capability file: $(tr -d '\n' <"$checkpoint" 2>&1 | head -c 400)"
-fi
-fi
-k -n default delete pod mig-workload mig-crash --ignore-not-found --wait=false >/dev/null
-no_mig_specs() { [[ -z "$(workload_specs "$MIG_NODE")" ]]; }
-wait_until 90 no_mig_specs || fail "MIG claims' CDI specs left after their pods were deleted"
 
 # Faults for both plugins' NVML on real-gpu-1 come from a control file of the mock in the node's own
 # folder, named to the plugins through the GPUCluster (as an admin sets env), with a short recovery
@@ -1130,7 +907,6 @@ wait_until 180 gc_ready || fail "GPUCluster not ready again once the exporter's 
 fi
 
 # Uninstall: nothing of ours is left on the nodes or in the API.
-k -n default delete pod after-restart --ignore-not-found --wait=true >/dev/null
 t0=$SECONDS
 "$BIN_DIR/helm" --kubeconfig "$KUBECONFIG_FILE" uninstall gpu-operator --namespace "$GNS" --wait >/dev/null
 ns_empty() { [[ -z "$(k -n "$GNS" get pods,resourceclaims --no-headers 2>/dev/null)" ]]; }

@@ -8,10 +8,11 @@ use api::GPUCluster;
 use e2e::eventually;
 use e2e::helm::{DEVICE_CLASSES, device_class_names};
 use e2e::real_nodes::{
-    GPU_NODES, GPULESS_NODE, H100_NODE, L4_NODE, MIG_NODE, OPERATOR_NS, RealNodes,
+    GPU_NODES, GPULESS_NODE, GuidePod, H100_NODE, L4_NODE, MIG_NODE, OPERATOR_NS, RealNodes,
+    gpu_class,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -312,4 +313,111 @@ async fn discovery_labels_each_gpu_node_from_its_pci_bus_and_nvml_and_no_other()
             },
         )
         .await
+}
+
+/// The GPUCluster's `DRAFeaturesServed` condition, as `reason: message`.
+fn features_condition(cluster: &RealNodes) -> anyhow::Result<String> {
+    cluster.jsonpath(
+        "gpucluster",
+        "gpu-cluster",
+        None,
+        r#"{.status.conditions[?(@.type=="DRAFeaturesServed")].reason}: {.status.conditions[?(@.type=="DRAFeaturesServed")].message}"#,
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs real nodes: make test-real-nodes runs it"]
+async fn the_gpucluster_says_which_dra_features_the_apiserver_serves() -> anyhow::Result<()> {
+    let cluster = RealNodes::connect().await?;
+    let minor = cluster.server_minor().await?;
+    if minor > 34 {
+        return cluster
+            .step(
+                "GPUCluster DRAFeaturesServed: AllServed on the newest release",
+                H100_NODE,
+                async {
+                    let said = features_condition(&cluster)?;
+                    ensure!(said.starts_with("AllServed:"), "DRAFeaturesServed: {said}");
+                    Ok(())
+                },
+            )
+            .await;
+    }
+    // On 1.34 the counter sets GPU shares draw on come in an older shape, which the plugin's
+    // layout cannot use: a class with a shared variant leaves every GPU published whole (and the
+    // node working), and its status says why.
+    cluster
+        .step(
+            "GPUCluster DRAFeaturesServed on 1.34 names what it lacks",
+            H100_NODE,
+            async {
+                let said = features_condition(&cluster)?;
+                ensure!(
+                    said.starts_with(
+                        "FeaturesMissing: DRAPartitionableDevices is served in an older shape"
+                    ) && said.contains("no GPU is published in shares"),
+                    "DRAFeaturesServed: {said}"
+                );
+                Ok(())
+            },
+        )
+        .await?;
+    const NAMES: &[&str] = &["beside-shares"];
+    let _cleanup = cluster.cleanup(&[
+        ("pod", NAMES),
+        ("resourceclaimtemplate", NAMES),
+        ("gpuclass", &["h100s"]),
+    ]);
+    let pool_generation = || async {
+        let slices = Api::<ResourceSlice>::all(cluster.client.clone())
+            .list(&ListParams::default().fields(&format!(
+                "spec.nodeName={H100_NODE},spec.driver=gpu.nvidia.com"
+            )))
+            .await?;
+        anyhow::Ok(slices.items.first().map_or(0, |s| s.spec.pool.generation))
+    };
+    let before = pool_generation().await?;
+    cluster.apply(&gpu_class(
+        "h100s",
+        "h100-80gb-hbm3",
+        Some((2, "TimeSlicing")),
+    ))?;
+    // The plugin tried the shares, was refused, and published the pool again without them (a
+    // newer generation: a plugin stuck on the refusal would keep the old one).
+    cluster
+        .step(
+            "a GPUClass with a shared variant on 1.34: real-gpu-0 republished its 4 GPUs whole, and the class says why",
+            H100_NODE,
+            eventually(Duration::from_secs(60), "the GPUs republished whole", || async {
+                let says = cluster.jsonpath("gpuclass", "h100s", None, "{.status.conditions[0].message}")?;
+                let mut names: Vec<String> = cluster
+                    .published_devices(H100_NODE)
+                    .await?
+                    .into_iter()
+                    .map(|d| d.name)
+                    .collect();
+                names.sort();
+                let generation = pool_generation().await?;
+                if says.contains("published in shares only when")
+                    && names == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+                    && generation > before
+                {
+                    Ok(Some(()))
+                } else {
+                    Err(anyhow::anyhow!(
+                        "the class says {says:?}; real-gpu-0 publishes {names:?} at generation {generation} (before: {before})"
+                    ))
+                }
+            }),
+        )
+        .await?;
+    cluster.apply(&GuidePod::new("beside-shares").on(H100_NODE).yaml())?;
+    cluster
+        .step(
+            "a pod beside the refused shares gets its GPU",
+            H100_NODE,
+            crate::ran_on_gpus(&cluster, "beside-shares", H100_NODE, 1),
+        )
+        .await
+        .map(drop)
 }

@@ -1,10 +1,11 @@
 //! Scenarios on real nodes (real kubelets and containerd, mock GPUs, the chart installed), one
-//! test function per behaviour: what the install guide promises on every GPU node
-//! (`install`), what each component's own token may do (`access`), the guide's workloads
-//! (`workloads`), claims written for the upstream driver's sharing API (`sharing`), CEL selection
-//! on the published attributes (`selection`), and GPUClasses: extended resources and shares of a
-//! card (`classes`). `hack/test/real-nodes.sh` brings the cluster up, installs the chart and runs
-//! them in `make test` (`e2e/run.sh --real-nodes`); each removes what it made.
+//! test function per behaviour: what the install guide promises on every GPU node (`install`),
+//! what each component's own token may do (`access`), the guide's workloads (`workloads`), the
+//! kubelet plugin's life on a real kubelet: a restart, its metrics, its pod replaced, MIG, a crash
+//! mid-prepare (`plugin`), claims written for the upstream driver's sharing API (`sharing`), CEL
+//! selection on the published attributes (`selection`), and GPUClasses: extended resources and
+//! shares of a card (`classes`). `hack/test/real-nodes.sh` brings the cluster up, installs the
+//! chart and runs them in `make test` (`e2e/run.sh --real-nodes`); each removes what it made.
 //!
 //! One alone, on a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
 //! `SHARED_CLUSTER=1 CLUSTER_DIR=.cluster/real-<port base> e2e/run.sh --real-nodes <part of a name>`.
@@ -12,6 +13,7 @@
 mod access;
 mod classes;
 mod install;
+mod plugin;
 mod selection;
 mod sharing;
 mod workloads;
