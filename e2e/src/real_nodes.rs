@@ -204,13 +204,25 @@ impl RealNodes {
         self.hack_cluster(&["restart-kubelet", node]).map(drop)
     }
 
-    /// The claim of workload pod `pod` (its first), as the API holds it now.
+    /// The claim of workload pod `pod` (its first: the one it names, or the one made from its
+    /// template), as the API holds it now.
     pub async fn claim_of(&self, pod: &str) -> anyhow::Result<ResourceClaim> {
-        let name = self
+        let pod_now = self
             .pod(pod)
             .await?
-            .and_then(|p| p.status?.resource_claim_statuses?.into_iter().next())
-            .and_then(|s| s.resource_claim_name)
+            .with_context(|| format!("no pod {pod}"))?;
+        let named = pod_now
+            .spec
+            .and_then(|s| s.resource_claims?.into_iter().next())
+            .and_then(|c| c.resource_claim_name);
+        let made = || {
+            pod_now
+                .status
+                .and_then(|s| s.resource_claim_statuses?.into_iter().next())
+                .and_then(|s| s.resource_claim_name)
+        };
+        let name = named
+            .or_else(made)
             .with_context(|| format!("pod {pod} has no claim yet"))?;
         Ok(
             Api::<ResourceClaim>::namespaced(self.client.clone(), WORKLOAD_NS)
@@ -447,6 +459,162 @@ impl RealNodes {
     }
 }
 
+/// Fields of the GPUCluster's spec set for a scenario and set back to what they were when this is
+/// dropped (a field that was unset is removed again).
+#[derive(Debug)]
+pub struct SpecEdit<'a> {
+    cluster: &'a RealNodes,
+    undo: serde_json::Value,
+    changed: bool,
+}
+
+impl RealNodes {
+    /// Sets each spec field of the GPUCluster named by its dotted path (`draDriver.gpus.env`) to its
+    /// value, in one merge patch, and waits for the kubelet plugin pods to roll when anything
+    /// changed; the guard puts the old values back.
+    pub async fn edit_gpu_cluster(
+        &self,
+        fields: &[(&str, serde_json::Value)],
+    ) -> anyhow::Result<SpecEdit<'_>> {
+        let current: serde_json::Value = serde_json::from_str(
+            &self.kubectl(&["get", "gpucluster", "gpu-cluster", "-o", "json"], None)?,
+        )?;
+        let mut patch = serde_json::json!({});
+        let mut undo = serde_json::json!({});
+        let mut changed = false;
+        for (path, value) in fields {
+            let old = path
+                .split('.')
+                .try_fold(&current["spec"], |v, key| v.get(key))
+                .cloned()
+                .unwrap_or(serde_json::Value::Null);
+            changed |= &old != value;
+            set_path(&mut patch, path, value.clone());
+            set_path(&mut undo, path, old);
+        }
+        let before = self.plugin_pods().await?;
+        self.patch_gpu_cluster(&patch)?;
+        let edit = SpecEdit {
+            cluster: self,
+            undo,
+            changed,
+        };
+        edit.settled(&before).await?;
+        Ok(edit)
+    }
+
+    /// The kubelet plugin pod of each GPU node, by node.
+    pub async fn plugin_pods(&self) -> anyhow::Result<BTreeMap<&'static str, String>> {
+        let mut pods = BTreeMap::new();
+        for node in GPU_NODES {
+            let pod = self.plugin_pod(node).await?;
+            pods.insert(node, pod.metadata.name.unwrap_or_default());
+        }
+        Ok(pods)
+    }
+
+    /// Waits until every GPU node runs a kubelet plugin pod other than its one in `before`,
+    /// ready, publishing devices again.
+    pub async fn plugins_replaced(
+        &self,
+        before: &BTreeMap<&'static str, String>,
+    ) -> anyhow::Result<()> {
+        eventually(
+            Duration::from_secs(180),
+            "every GPU node's kubelet plugin pod replaced, ready and publishing",
+            || async {
+                for node in GPU_NODES {
+                    let pod = self.plugin_pod(node).await?;
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    let ready = plugin_ready(&pod);
+                    let published = self.published_devices(node).await?.len();
+                    let replaced = before.get(node) != Some(&name);
+                    if !(replaced && ready && published > 0 && pod.metadata.deletion_timestamp.is_none()) {
+                        bail!("{node}: plugin pod {name} (replaced {replaced}, ready {ready}), {published} devices published");
+                    }
+                }
+                Ok(Some(()))
+            },
+        )
+        .await
+    }
+
+    fn patch_gpu_cluster(&self, spec: &serde_json::Value) -> anyhow::Result<()> {
+        let patch = serde_json::json!({ "spec": spec }).to_string();
+        self.kubectl(
+            &[
+                "patch",
+                "gpucluster",
+                "gpu-cluster",
+                "--type",
+                "merge",
+                "-p",
+                &patch,
+            ],
+            None,
+        )
+        .map(drop)
+    }
+}
+
+impl SpecEdit<'_> {
+    /// Waits, when the edit changed anything, until the kubelet plugin pods of `before` are
+    /// replaced (the operator rolls them for every change of their spec).
+    async fn settled(&self, before: &BTreeMap<&'static str, String>) -> anyhow::Result<()> {
+        if self.changed {
+            self.cluster.plugins_replaced(before).await?;
+        }
+        Ok(())
+    }
+
+    /// Puts the old values back and waits for the kubelet plugin pods to roll again.
+    pub async fn undo(mut self) -> anyhow::Result<()> {
+        let before = self.cluster.plugin_pods().await?;
+        self.cluster.patch_gpu_cluster(&self.undo)?;
+        let undone = std::mem::replace(&mut self.undo, serde_json::Value::Null);
+        let result = self.settled(&before).await;
+        drop(undone);
+        result
+    }
+}
+
+impl Drop for SpecEdit<'_> {
+    fn drop(&mut self) {
+        if self.undo.is_null() {
+            return;
+        }
+        if let Err(e) = self.cluster.patch_gpu_cluster(&self.undo) {
+            eprintln!("setting the GPUCluster's spec back: {e:#}");
+        }
+    }
+}
+
+/// Sets `value` at dotted `path` in the JSON object `target`, making the objects on the way.
+fn set_path(target: &mut serde_json::Value, path: &str, value: serde_json::Value) {
+    let mut at = target;
+    for key in path.split('.') {
+        at = at
+            .as_object_mut()
+            .expect("only objects on a spec path")
+            .entry(key)
+            .or_insert_with(|| serde_json::json!({}));
+    }
+    *at = value;
+}
+
+/// Whether a kubelet plugin pod's `gpus` container is ready.
+pub fn plugin_ready(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .any(|c| c.name == "gpus" && c.ready)
+}
+
+/// A request's CEL selector in flow-style YAML (`selectors: [...]`).
+fn cel_selectors(cel: &str) -> String {
+    format!("selectors: [{{cel: {{expression: {cel:?}}}}}]")
+}
+
 /// A pod's phase, `Absent` when there is none.
 fn phase(pod: Option<&Pod>) -> &str {
     pod.and_then(|p| p.status.as_ref())
@@ -637,7 +805,7 @@ impl<'a> GuidePod<'a> {
         } = self;
         let selectors = self
             .selector
-            .map(|cel| format!("\n          selectors: [{{cel: {{expression: {cel:?}}}}}]"))
+            .map(|cel| format!("\n          {}", cel_selectors(cel)))
             .unwrap_or_default();
         let template = format!(
             r#"apiVersion: resource.k8s.io/v1
@@ -699,6 +867,46 @@ spec:
 "#,
         pinned_to(node)
     )
+}
+
+/// A ResourceClaim `name` for one device of class `class` (matching the CEL `selector`, taking
+/// `shares` of a consumable GPU, where given) and a pod `name` on `node` that names it and stays
+/// (the kubelet shows device health only for claims a pod names).
+pub fn named_claim_pod(
+    name: &str,
+    node: &str,
+    class: &str,
+    selector: Option<&str>,
+    shares: Option<u32>,
+) -> String {
+    let mut request = format!("deviceClassName: {class}, count: 1");
+    if let Some(cel) = selector {
+        request += &format!(", {}", cel_selectors(cel));
+    }
+    if let Some(shares) = shares {
+        request += &format!(", capacity: {{requests: {{shares: \"{shares}\"}}}}");
+    }
+    let claim = format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{{request}}}
+"#
+    );
+    let script = format!("{LIST_GPUS}; sleep 3600");
+    let pod = workload_pod(
+        name,
+        Some(node),
+        &format!("\n  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]"),
+        WORKLOAD_IMAGE,
+        &script,
+        "{claims: [{name: gpu}]}",
+    );
+    format!("{claim}---\n{pod}")
 }
 
 /// A GPUClass `name` of the GPUs whose `gpu-operator-rs.dev/device` label is `device`, with a
@@ -772,6 +980,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn spec_paths_nest_into_one_merge_patch() {
+        let mut patch = serde_json::json!({});
+        set_path(&mut patch, "draDriver.gpus.consumableShares", "2".into());
+        set_path(
+            &mut patch,
+            "draDriver.gpus.kubeletPlugin.env",
+            serde_json::json!([]),
+        );
+        set_path(&mut patch, "devicePlugin.env", serde_json::Value::Null);
+        assert_eq!(
+            patch,
+            serde_json::json!({
+                "draDriver": {"gpus": {"consumableShares": "2", "kubeletPlugin": {"env": []}}},
+                "devicePlugin": {"env": null}
+            })
+        );
+    }
+
+    #[test]
     fn uuids_are_found_in_what_nvidia_smi_prints() {
         let log =
             "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4a1b-77)\nGPU 1: NVIDIA L4 (UUID: GPU-9f)\n";
@@ -796,6 +1023,13 @@ mod tests {
             resource_pod("r", "nvidia.com/gpu", Some("n"), "true"),
             resource_pod("r", "gpu-operator-rs.dev/h100", None, LIST_GPUS),
             gpu_class("c", "l4", None),
+            named_claim_pod(
+                "n",
+                "x",
+                "gpu.nvidia.com",
+                Some("device.attributes['gpu.nvidia.com'].uuid == 'GPU-1'"),
+                Some(1),
+            ),
             gpu_class("c", "l4", Some((2, "MPS"))),
         ] {
             for doc in yaml.split("\n---\n") {

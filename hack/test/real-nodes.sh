@@ -412,9 +412,10 @@ EOF
 # driver-ready, every GPU and MIG device published, GPU discovery's labels), what each component's
 # token may do, the guide's workloads, the kubelet plugin on a real kubelet (a restart, its
 # metrics, its pod replaced under a claim, a MIG claim, a SIGKILL mid-prepare), claims written for
-# the upstream driver's sharing API, CEL selection, GPUClasses' extended resources and shares, and
-# what the GPUCluster says the apiserver serves. The subset leaves out CEL selection, the GPUClasses
-# (1.34 serves no shares) and of the plugin's scenarios all but the MIG claim. With KEEP_CLUSTER=1 the test stops after them and leaves the
+# the upstream driver's sharing API and consumable shares, GPU health through the kubelet, CEL
+# selection, GPUClasses' extended resources and shares, and what the GPUCluster says the apiserver
+# serves. The subset leaves out CEL selection, the GPUClasses (1.34 serves no shares) and of the
+# plugin's scenarios all but the MIG claim. With KEEP_CLUSTER=1 the test stops after them and leaves the
 # cluster up, the chart installed, for running one alone (e2e/run.sh --real-nodes).
 # scenario_verdicts LOG: "NAME ok|FAILED" per test in the output of libtest with --nocapture, where
 # a test's own lines come between its "test NAME ... " and its verdict, alone on a line.
@@ -426,7 +427,7 @@ scenario_verdicts() {
        }
        name != "" && ($0 == "ok" || $0 == "FAILED") { print name, $0; name = "" }' "$1"
 }
-if full; then scenarios=(); else scenarios=(install:: access:: workloads:: sharing:: plugin::a_mig_claim); fi
+if full; then scenarios=(); else scenarios=(install:: access:: workloads:: sharing:: health:: plugin::a_mig_claim); fi
 scenario_log="$CLUSTER_DIR/logs/real-node-scenarios.log"
 SHARED_CLUSTER=1 CLUSTER_DIR="$CLUSTER_DIR" "$REPO_DIR/e2e/run.sh" --real-nodes "${scenarios[@]}" 2>&1 | tee "$scenario_log" || true
 ran=0
@@ -446,10 +447,11 @@ fi
 # plugin_on NODE: "name ready" of the DRA kubelet plugin pod on NODE.
 plugin_on() { k -n "$GNS" get pods -l app=nvidia-dra-driver-kubelet-plugin --field-selector "spec.nodeName=$1" -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[?(@.name=="gpus")].ready}{"\n"}{end}'; }
 
-# Faults for both plugins' NVML on real-gpu-1 come from a control file of the mock in the node's own
-# folder, named to the plugins through the GPUCluster (as an admin sets env), with a short recovery
-# period. The DRA plugin's pods are replaced for the new env; in the same edit (the full run: 1.34's
-# apiserver serves consumable capacity only as alpha) whole GPUs are offered as 2 consumable shares.
+# Faults for the device plugin's NVML on real-gpu-1 (a lost GPU, below) come from a control file of
+# the mock in the node's own folder, named to the plugins through the GPUCluster (as an admin sets
+# env), with a short recovery period. The DRA plugin's pods are replaced for the new env; in the
+# same edit (the full run: 1.34's apiserver serves consumable capacity only as alpha) whole GPUs are
+# offered as 2 consumable shares for the rest of the test.
 shares_mode=disabled
 full && shares_mode=2
 faults="$CLUSTER_DIR/nodes/real-gpu-1/var/lib/kubelet/mock-nvml-faults.json"
@@ -465,143 +467,6 @@ k patch gpucluster gpu-cluster --type merge -p "{\"spec\": {\"devicePlugin\": {\
   \"draDriver\": {\"gpus\": {\"consumableShares\": \"$shares_mode\", \"kubeletPlugin\": {\"env\": $fault_env}}}}}" >/dev/null
 replaced() { local p; p="$(plugin_on real-gpu-1)"; [[ -n "$p" && "$p" != "$old_plugin "* && "$p" == *" true" && "$(slice_uuids real-gpu-1 | grep -c ^GPU-)" == 2 ]]; }
 wait_until 120 replaced || fail "the DRA plugin on real-gpu-1 was not replaced for its new env: $(plugin_on real-gpu-1 | tr '\n' ' ')"
-
-# Consumable shares as upstream documents them: claims asking for `shares: 1` of one L4 (pinned by
-# its UUID) land on it together until its 2 shares are used; a third waits, and so does a claim
-# asking for the whole GPU (it would take every share); once a share is freed the third runs.
-# claimed_pod NAME CLASS [CEL [SHARES]]: a ResourceClaim NAME of one CLASS device (matching CEL,
-# consuming SHARES) and a pod NAME on real-gpu-1 that names it (the kubelet shows device health only
-# for claims a pod names: none for a claim made from a template on kubelet 1.34, none for the claim
-# the scheduler makes for an extended resource).
-claimed_pod() {
-  local extra=""
-  [[ -z "${3:-}" ]] || extra+=", selectors: [{cel: {expression: '$3'}}]"
-  [[ -z "${4:-}" ]] || extra+=", capacity: {requests: {shares: \"$4\"}}"
-  k apply -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $1, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {deviceClassName: $2, count: 1$extra}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  nodeSelector: {kubernetes.io/hostname: real-gpu-1}
-  resourceClaims: [{name: $1, resourceClaimName: $1}]
-  containers:
-  - name: workload
-    image: nvcr.io/nvidia/cuda:12.6.2-base-ubi9
-    command: ["sh", "-c", "$LIST_GPUS; sleep 3600"]
-    resources:
-      claims: [{name: $1}]
-EOF
-}
-if full; then
-  l4="$(slice_uuids real-gpu-1 | sort | head -1)"
-  on_l4="device.attributes[\"gpu.nvidia.com\"].uuid == \"$l4\""
-  offered() { k get resourceslices --field-selector spec.nodeName=real-gpu-1,spec.driver=gpu.nvidia.com \
-    -o jsonpath="{.items[*].spec.devices[?(@.attributes.uuid.string==\"$l4\")].capacity.shares.value}"; }
-  multi_allocatable() { k get resourceslices --field-selector spec.nodeName=real-gpu-1,spec.driver=gpu.nvidia.com \
-    -o jsonpath='{.items[*].spec.devices[*].allowMultipleAllocations}' | grep -q true; }
-  wait_until 60 multi_allocatable || fail "real-gpu-1's GPUs are not offered as consumable shares: '$(offered)'"
-  claimed_pod cs-a gpu.nvidia.com "$on_l4" 1
-  claimed_pod cs-b gpu.nvidia.com "$on_l4" 1
-  two_shares() { running cs-a && running cs-b; }
-  if wait_until 120 two_shares; then
-    ids="$(k -n default get resourceclaim cs-a cs-b -o jsonpath='{range .items[*]}{.status.allocation.devices.results[0].device}/{.status.allocation.devices.results[0].shareID} {end}')"
-    pass "cs-a and cs-b run on one L4 ($l4, $(offered) shares) with shares: 1 each: $ids"
-    claimed_pod cs-c gpu.nvidia.com "$on_l4" 1
-    claimed_pod cs-whole gpu.nvidia.com "$on_l4"
-    sleep 10
-    if [[ "$(pod_phase cs-c)" == Pending && "$(pod_phase cs-whole)" == Pending ]]; then
-      pass "with both shares used, a third share claim and a whole-GPU claim for that L4 wait (Pending)"
-    else
-      fail "with both shares used: cs-c $(pod_phase cs-c), cs-whole $(pod_phase cs-whole)"
-    fi
-    k -n default delete pod cs-a --wait=false >/dev/null
-    k -n default delete resourceclaim cs-a --wait=false >/dev/null
-    if wait_until 90 running cs-c && [[ "$(pod_phase cs-whole)" == Pending ]]; then
-      pass "once cs-a's share is freed cs-c runs on it; the whole-GPU claim still waits"
-    else
-      fail "after cs-a went: cs-c $(pod_phase cs-c), cs-whole $(pod_phase cs-whole)"
-    fi
-  else
-    fail "share claims: cs-a $(pod_phase cs-a), cs-b $(pod_phase cs-b): $(k -n default describe pod cs-b | tail -4 | tr '\n' ' ')"
-  fi
-  k -n default delete pod cs-a cs-b cs-c cs-whole --ignore-not-found --wait=false >/dev/null
-  k -n default delete resourceclaim cs-a cs-b cs-c cs-whole --ignore-not-found --wait=false >/dev/null
-  cs_gone() { [[ -z "$(k -n default get pods cs-b cs-c cs-whole --ignore-not-found -o name)" ]]; }
-  wait_until 60 cs_gone || fail "share pods left: $(k -n default get pods --no-headers | grep cs- | tr '\n' ' ')"
-fi
-
-# Device health through the real kubelet: a double-bit ECC error on the GPU of a running pod taints
-# that device NoSchedule (the pod keeps running) and the plugin's health stream makes the kubelet
-# show the device unhealthy in the pod's status; after the recovery period both are healthy again.
-claimed_pod sick gpu.nvidia.com
-# Beside it (not in the subset: 1.34 publishes no shares), a pod on a share of the other L4, through
-# a GPUClass's shared variant: a share device is in the health stream like a whole one.
-share_sick=""
-if full; then
-  k apply -f - >/dev/null <<EOF
-apiVersion: gpu-operator-rs.dev/v1alpha1
-kind: GPUClass
-metadata: {name: l4s}
-spec:
-  selector:
-    matchLabels: {gpu-operator-rs.dev/device: l4}
-  variants:
-    shared: {shares: 2}
-EOF
-  l4_shares() { [[ "$(k get gpuclass l4s -o jsonpath='{.status.devices}')" == 2 ]]; }
-  wait_until 60 l4_shares || fail "GPUClass l4s counts '$(k get gpuclass l4s -o jsonpath='{.status.devices} {.status.conditions}')'"
-  share_sick=sick-share
-fi
-if wait_until 120 running sick; then
-  claim=sick
-  device="$(k -n default get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')"
-  if [[ -n "$share_sick" ]]; then
-    claimed_pod "$share_sick" l4s-shared.gpu-operator-rs.dev
-    wait_until 120 running "$share_sick" || fail "$share_sick: $(pod_phase "$share_sick"); $(k -n default describe pod "$share_sick" | tail -4 | tr '\n' ' ')"
-  fi
-  # pod_health: the health the kubelet shows for the pod's one DRA device (allocatedResourcesStatus;
-  # the resource is named by the device's CDI id).
-  pod_health() { k -n default get pod "${1:-sick}" -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus[*].resources[*].health}'; }
-  device_taint() { k get resourceslices --field-selector spec.nodeName=real-gpu-1,spec.driver=gpu.nvidia.com \
-    -o jsonpath="{.items[*].spec.devices[?(@.name==\"$device\")].taints[*]['key','effect']}"; }
-  # shows HEALTH: sick, and the share pod where there is one, show HEALTH.
-  shows() { [[ "$(pod_health)" == "$1" && (-z "$share_sick" || "$(pod_health "$share_sick")" == "$1") ]]; }
-  if wait_until 60 shows Healthy; then
-    pass "the kubelet shows sick's device $device Healthy in the pod's status, from the plugin's health stream"
-  else
-    fail "allocatedResourcesStatus of sick: '$(k -n default get pod sick -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')'"
-  fi
-  # The error hits both L4s: sick's and the one the share pod is on.
-  mock_faults '{"ecc_events": [{"gpu": 0, "kind": "double-bit"}, {"gpu": 1, "kind": "double-bit"}]}'
-  tainted() { [[ "$(device_taint)" == "gpu.nvidia.com/ecc NoSchedule" ]]; }
-  if wait_until 30 tainted && wait_until 30 shows Unhealthy && [[ "$(pod_phase sick)" == Running ]]; then
-    pass "a double-bit ECC error on $device: tainted gpu.nvidia.com/ecc:NoSchedule, the kubelet shows it Unhealthy in the pod's status, the pod keeps running${share_sick:+; $share_sick, on a share of the other L4, shows Unhealthy too}"
-  else
-    fail "after a double-bit ECC error on $device: taint '$(device_taint)', pod health '$(pod_health)'${share_sick:+, $share_sick health: $(pod_health "$share_sick")}, phase $(pod_phase sick)"
-  fi
-  mock_faults '{}'
-  untainted() { [[ -z "$(device_taint)" ]]; }
-  if wait_until 60 untainted && wait_until 60 shows Healthy; then
-    pass "after the recovery period the taint is gone and the kubelet shows $device Healthy again"
-  else
-    fail "after recovery: taint '$(device_taint)', pod health '$(pod_health)'${share_sick:+, $share_sick health: $(pod_health "$share_sick")}"
-  fi
-  k -n default delete pod sick ${share_sick} --wait=false >/dev/null
-  k -n default delete resourceclaim sick ${share_sick} --wait=false >/dev/null
-else
-  fail "sick on real-gpu-1: $(pod_phase sick); $(k -n default describe pod sick | tail -4 | tr '\n' ' ')"
-fi
-[[ -z "$share_sick" ]] || k delete gpuclass l4s --wait=false >/dev/null
 
 # Switching a node with a running GPU pod to device-plugin: the validator and exporter leave at once,
 # the DRA plugin stays until the pod is gone, then leaves too; switched back, it returns.

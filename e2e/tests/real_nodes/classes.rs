@@ -2,7 +2,7 @@
 //! no claim in its manifest, is served by a DRA claim the scheduler makes; a class's shared variant
 //! puts pods on shares of one card, time-sliced or through the MPS daemons an admin runs.
 
-use crate::ran_on_gpus;
+use crate::{delete_class, ran_on_gpus};
 use anyhow::ensure;
 use api::GPUClass;
 use e2e::eventually;
@@ -88,15 +88,18 @@ async fn no_h100_shares(cluster: &RealNodes) -> anyhow::Result<()> {
     .await
 }
 
-/// Deletes GPUClass h100s and the scenario's pods (`cleanup`), then waits for the H100s to be
-/// published whole again.
+/// Deletes the scenario's pods (`cleanup`) and GPUClass h100s, then waits for the class and its
+/// DeviceClasses to go and the H100s to be published whole again.
 async fn unshared_once_deleted(cluster: &RealNodes, cleanup: Cleanup<'_>) -> anyhow::Result<()> {
     drop(cleanup);
     cluster
         .step(
-            "once GPUClass h100s is deleted, the H100s are published whole only",
+            "once GPUClass h100s is deleted, its DeviceClasses are gone and the H100s are published whole only",
             H100_NODE,
-            no_h100_shares(cluster),
+            async {
+                delete_class(cluster, "h100s").await?;
+                no_h100_shares(cluster).await
+            },
         )
         .await
 }
@@ -144,6 +147,13 @@ async fn a_pod_asking_an_extended_resource_is_served_through_a_dra_claim() -> an
                 ran_on_gpus(&cluster, "class-workload", H100_NODE, 1).await?;
                 extended_claim(&cluster, "class-workload").map(drop)
             },
+        )
+        .await?;
+    cluster
+        .step(
+            "GPUClass h100 deleted: it and its DeviceClass are gone",
+            H100_NODE,
+            delete_class(&cluster, "h100"),
         )
         .await
 }

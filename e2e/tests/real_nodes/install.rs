@@ -418,6 +418,12 @@ async fn the_gpucluster_says_which_dra_features_the_apiserver_serves() -> anyhow
             H100_NODE,
             crate::ran_on_gpus(&cluster, "beside-shares", H100_NODE, 1),
         )
+        .await?;
+    cluster
+        .step(
+            "GPUClass h100s deleted: it and its DeviceClass are gone",
+            H100_NODE,
+            crate::delete_class(&cluster, "h100s"),
+        )
         .await
-        .map(drop)
 }

@@ -2,9 +2,9 @@
 //! test function per behaviour: what the install guide promises on every GPU node (`install`),
 //! what each component's own token may do (`access`), the guide's workloads (`workloads`), the
 //! kubelet plugin's life on a real kubelet: a restart, its metrics, its pod replaced, MIG, a crash
-//! mid-prepare (`plugin`), claims written for the upstream driver's sharing API (`sharing`), CEL
-//! selection on the published attributes (`selection`), and GPUClasses: extended resources and
-//! shares of a card (`classes`). `hack/test/real-nodes.sh` brings the cluster up, installs the
+//! mid-prepare (`plugin`), GPU health through the kubelet (`health`), claims written for the
+//! upstream driver's sharing API and consumable shares (`sharing`), CEL selection on the published
+//! attributes (`selection`), and GPUClasses: extended resources and shares of a card (`classes`). `hack/test/real-nodes.sh` brings the cluster up, installs the
 //! chart and runs them in `make test` (`e2e/run.sh --real-nodes`); each removes what it made.
 //!
 //! One alone, on a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
@@ -12,6 +12,7 @@
 
 mod access;
 mod classes;
+mod health;
 mod install;
 mod plugin;
 mod selection;
@@ -19,8 +20,47 @@ mod sharing;
 mod workloads;
 
 use anyhow::{bail, ensure};
+use api::GPUClass;
+use e2e::eventually;
 use e2e::real_nodes::{RealNodes, gpu_uuids};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::api::Api;
 use std::time::Duration;
+
+/// Deletes GPUClass `name` and waits until it and the DeviceClasses it made are gone, so the next
+/// scenario finds the cluster's classes as the install left them.
+async fn delete_class(cluster: &RealNodes, name: &str) -> anyhow::Result<()> {
+    let classes = Api::<GPUClass>::all(cluster.client.clone());
+    let made = classes
+        .get_opt(name)
+        .await?
+        .and_then(|c| c.status)
+        .map(|s| s.device_class_names)
+        .unwrap_or_default();
+    cluster.delete("gpuclass", &[name])?;
+    let device_classes = Api::<DeviceClass>::all(cluster.client.clone());
+    eventually(
+        Duration::from_secs(60),
+        &format!("GPUClass {name} and its DeviceClasses {made:?} to go"),
+        || async {
+            let mut left = Vec::new();
+            if classes.get_opt(name).await?.is_some() {
+                left.push(format!("GPUClass {name}"));
+            }
+            for made in &made {
+                if device_classes.get_opt(made).await?.is_some() {
+                    left.push(format!("DeviceClass {made}"));
+                }
+            }
+            if left.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(anyhow::anyhow!("left: {left:?}"))
+            }
+        },
+    )
+    .await
+}
 
 /// The GPU UUIDs `node` publishes, with the PCIe root each is under.
 async fn published_gpus(

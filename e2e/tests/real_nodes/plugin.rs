@@ -7,9 +7,9 @@ use crate::ran_on_gpus;
 use anyhow::{Context, ensure};
 use e2e::eventually;
 use e2e::real_nodes::{
-    GuidePod, H100_NODE, LIST_GPUS, MIG_NODE, OPERATOR_NS, RealNodes, WORKLOAD_NS,
+    GuidePod, H100_NODE, LIST_GPUS, MIG_NODE, OPERATOR_NS, RealNodes, WORKLOAD_NS, plugin_ready,
 };
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams};
 use std::path::{Path, PathBuf};
@@ -173,14 +173,11 @@ async fn claimed(cluster: &RealNodes, pod: &str) -> anyhow::Result<(String, Stri
 
 /// The plugin pod on `node`: its name and whether its `gpus` container is ready.
 async fn plugin_state(cluster: &RealNodes, node: &str) -> anyhow::Result<(String, bool)> {
-    let pod: Pod = cluster.plugin_pod(node).await?;
-    let ready = pod
-        .status
-        .and_then(|s| s.container_statuses)
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.name == "gpus" && c.ready);
-    Ok((pod.metadata.name.unwrap_or_default(), ready))
+    let pod = cluster.plugin_pod(node).await?;
+    Ok((
+        pod.metadata.name.clone().unwrap_or_default(),
+        plugin_ready(&pod),
+    ))
 }
 
 #[tokio::test]

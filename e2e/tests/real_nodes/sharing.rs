@@ -1,10 +1,11 @@
-//! Claims written for the upstream driver's sharing API: time-slicing with an interval, and MPS
-//! with a control daemon of the claim's own.
+//! Claims written for the upstream driver's sharing API: time-slicing with an interval, MPS with a
+//! control daemon of the claim's own, and consumable shares of a GPU.
 
 use anyhow::{Context, ensure};
 use e2e::eventually;
 use e2e::real_nodes::{
-    H100_NODE, L4_NODE, OPERATOR_NS, RealNodes, WORKLOAD_NS, claim_pod, gpu_uuids, sharing_claim,
+    GPU_NODES, H100_NODE, L4_NODE, OPERATOR_NS, RealNodes, WORKLOAD_NS, claim_pod, gpu_uuids,
+    named_claim_pod, sharing_claim,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -305,6 +306,147 @@ async fn an_mps_claim_runs_its_own_control_daemon_until_its_pod_goes() -> anyhow
                     )),
                 }
             }),
+        )
+        .await
+}
+
+/// The shares offered on the L4 whose UUID is `uuid`.
+async fn offered_shares(cluster: &RealNodes, uuid: &str) -> anyhow::Result<Option<String>> {
+    Ok(cluster
+        .published_devices(L4_NODE)
+        .await?
+        .into_iter()
+        .find(|d| {
+            d.attributes
+                .as_ref()
+                .and_then(|a| a.get("uuid")?.string.as_deref())
+                == Some(uuid)
+        })
+        .and_then(|d| Some(d.capacity?.get("shares")?.value.0.clone())))
+}
+
+/// The phases of workload pods `names`, in order.
+async fn phases(cluster: &RealNodes, names: &[&str]) -> anyhow::Result<Vec<String>> {
+    let mut said = Vec::new();
+    for name in names {
+        let pod = cluster.pod(name).await?;
+        said.push(
+            pod.and_then(|p| p.status?.phase)
+                .unwrap_or_else(|| "Absent".into()),
+        );
+    }
+    Ok(said)
+}
+
+#[tokio::test]
+#[ignore = "needs real nodes: make test-real-nodes runs it"]
+async fn consumable_shares_of_one_l4_fill_up_and_a_freed_share_is_taken() -> anyhow::Result<()> {
+    let cluster = RealNodes::connect().await?;
+    if cluster.server_minor().await? <= 34 {
+        eprintln!(
+            "skip consumable shares: the apiserver serves consumable capacity only as alpha before 1.35"
+        );
+        return Ok(());
+    }
+    const NAMES: &[&str] = &["cs-a", "cs-b", "cs-c", "cs-whole"];
+    // Dropped last: the GPUs go back to whole once the claims are gone.
+    let whole_again = cluster
+        .edit_gpu_cluster(&[("draDriver.gpus.consumableShares", "2".into())])
+        .await?;
+    let cleanup = cluster.cleanup(&[("pod", NAMES), ("resourceclaim", NAMES)]);
+    let l4 = cluster
+        .step(
+            "with consumableShares: 2 in the GPUCluster, real-gpu-1's GPUs are offered as 2 consumable shares",
+            L4_NODE,
+            eventually(Duration::from_secs(90), "shares offered", || async {
+                let mut uuids: Vec<String> = crate::published_gpus(&cluster, L4_NODE)
+                    .await?
+                    .into_iter()
+                    .map(|(uuid, _)| uuid)
+                    .collect();
+                uuids.sort();
+                let Some(l4) = uuids.into_iter().next() else {
+                    return Ok(None);
+                };
+                let offered = offered_shares(&cluster, &l4).await?;
+                if offered.as_deref() == Some("2") {
+                    Ok(Some(l4))
+                } else {
+                    Err(anyhow::anyhow!("{l4} offers shares {offered:?}"))
+                }
+            }),
+        )
+        .await?;
+    // Claims as upstream documents them: `shares: 1` of the one L4, pinned by its UUID.
+    let on_l4 = format!("device.attributes['gpu.nvidia.com'].uuid == '{l4}'");
+    let share_pod = |name: &str, shares: Option<u32>| {
+        named_claim_pod(name, L4_NODE, "gpu.nvidia.com", Some(&on_l4), shares)
+    };
+    cluster.apply(&share_pod("cs-a", Some(1)))?;
+    cluster.apply(&share_pod("cs-b", Some(1)))?;
+    cluster
+        .step(
+            "cs-a and cs-b run together on that L4, with shares: 1 each",
+            L4_NODE,
+            cluster.wait_running(&["cs-a", "cs-b"], Duration::from_secs(120)),
+        )
+        .await?;
+    cluster.apply(&share_pod("cs-c", Some(1)))?;
+    cluster.apply(&share_pod("cs-whole", None))?;
+    cluster
+        .step(
+            "with both shares used, a third share claim and a whole-GPU claim for that L4 wait (Pending)",
+            L4_NODE,
+            async {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let said = phases(&cluster, &["cs-c", "cs-whole"]).await?;
+                ensure!(said == ["Pending", "Pending"], "cs-c and cs-whole are {said:?}");
+                Ok(())
+            },
+        )
+        .await?;
+    cluster.delete("pod", &["cs-a"])?;
+    cluster.delete("resourceclaim", &["cs-a"])?;
+    cluster
+        .step(
+            "once cs-a's share is freed cs-c runs on it; the whole-GPU claim still waits",
+            L4_NODE,
+            async {
+                cluster
+                    .wait_running(&["cs-c"], Duration::from_secs(90))
+                    .await?;
+                let said = phases(&cluster, &["cs-whole"]).await?;
+                ensure!(said == ["Pending"], "cs-whole is {said:?}");
+                Ok(())
+            },
+        )
+        .await?;
+    drop(cleanup);
+    cluster
+        .step(
+            "once the share pods are gone and consumableShares is set back, every node publishes its GPUs whole",
+            L4_NODE,
+            async {
+                eventually(Duration::from_secs(60), "the share pods to go", || async {
+                    let said = phases(&cluster, NAMES).await?;
+                    Ok(said.iter().all(|p| p == "Absent").then_some(()))
+                })
+                .await?;
+                whole_again.undo().await?;
+                eventually(Duration::from_secs(30), "no shares offered", || async {
+                    for node in GPU_NODES {
+                        let shared = cluster
+                            .published_devices(node)
+                            .await?
+                            .into_iter()
+                            .filter(|d| d.capacity.as_ref().is_some_and(|c| c.contains_key("shares")))
+                            .count();
+                        ensure!(shared == 0, "{node} still offers {shared} devices in shares");
+                    }
+                    Ok(Some(()))
+                })
+                .await
+            },
         )
         .await
 }
