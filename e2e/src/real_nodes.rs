@@ -897,14 +897,16 @@ spec:
       exactly: {{{request}}}
 "#
     );
+    // The pod's entry carries the claim's own name: kubelet 1.34 shows a device's health only
+    // where the two match.
     let script = format!("{LIST_GPUS}; sleep 3600");
     let pod = workload_pod(
         name,
         Some(node),
-        &format!("\n  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]"),
+        &format!("\n  resourceClaims: [{{name: {name}, resourceClaimName: {name}}}]"),
         WORKLOAD_IMAGE,
         &script,
-        "{claims: [{name: gpu}]}",
+        &format!("{{claims: [{{name: {name}}}]}}"),
     );
     format!("{claim}---\n{pod}")
 }
