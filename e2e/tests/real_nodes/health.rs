@@ -6,41 +6,18 @@
 use anyhow::ensure;
 use e2e::eventually;
 use e2e::real_nodes::{
-    L4_NODE, RealNodes, SpecEdit, WORKLOAD_NS, gpu_class, named_claim_pod, plugin_ready,
+    L4_NODE, MOCK_FAULTS_IN_POD, RealNodes, SpecEdit, WORKLOAD_NS, gpu_class, mock_fault_env,
+    named_claim_pod, plugin_ready,
 };
 use std::time::Duration;
-
-/// The mock's control file on the L4 node, as the plugin's container sees it.
-const FAULTS_IN_POD: &str = "/host/var/lib/kubelet/mock-nvml-faults.json";
-
-/// Writes the L4 node's fault control file: `faults` (a JSON object) for its 2 mock L4s.
-fn set_faults(cluster: &RealNodes, faults: &str) -> anyhow::Result<()> {
-    let path = cluster
-        .node_dir(L4_NODE)
-        .join("var/lib/kubelet/mock-nvml-faults.json");
-    let tmp = path.with_extension("tmp");
-    std::fs::write(
-        &tmp,
-        format!(
-            r#"{{"profile": "l4", "gpu_count": 2, "visible_dev_dir": "/dev", "faults": {faults}}}"#
-        ),
-    )?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(())
-}
 
 /// Names the fault control file to the DRA plugin (with a 5 s recovery period and a 1 s probe)
 /// and waits for the plugins to roll and the L4 node's to run with it; the GPUCluster is set back
 /// with the guard.
 async fn fault_control(cluster: &RealNodes) -> anyhow::Result<SpecEdit<'_>> {
-    set_faults(cluster, "{}")?;
-    let env = serde_json::json!([
-        {"name": "MOCK_NVML_CONFIG", "value": FAULTS_IN_POD},
-        {"name": "HEALTH_RECOVERY_PERIOD", "value": "5"},
-        {"name": "HEALTH_PROBE_INTERVAL", "value": "1"},
-    ]);
+    cluster.set_l4_faults("{}")?;
     let edit = cluster
-        .edit_gpu_cluster(&[("draDriver.gpus.kubeletPlugin.env", env)])
+        .edit_gpu_cluster(&[("draDriver.gpus.kubeletPlugin.env", mock_fault_env())])
         .await?;
     cluster
         .step(
@@ -50,7 +27,7 @@ async fn fault_control(cluster: &RealNodes) -> anyhow::Result<SpecEdit<'_>> {
                 let pod = cluster.plugin_pod(L4_NODE).await?;
                 let with_env = pod.spec.iter().flat_map(|s| &s.containers).any(|c| {
                     c.name == "gpus"
-                        && c.env.iter().flatten().any(|e| e.value.as_deref() == Some(FAULTS_IN_POD))
+                        && c.env.iter().flatten().any(|e| e.value.as_deref() == Some(MOCK_FAULTS_IN_POD))
                 });
                 let ready = plugin_ready(&pod);
                 let gpus = crate::published_gpus(cluster, L4_NODE).await?.len();
@@ -170,8 +147,7 @@ async fn an_ecc_error_shows_in_the_pods_status_and_taints_the_device_until_it_re
         )
         .await?;
     // The error hits both L4s: sick's and the one the share pod is on.
-    set_faults(
-        &cluster,
+    cluster.set_l4_faults(
         r#"{"ecc_events": [{"gpu": 0, "kind": "double-bit"}, {"gpu": 1, "kind": "double-bit"}]}"#,
     )?;
     cluster
@@ -186,7 +162,7 @@ async fn an_ecc_error_shows_in_the_pods_status_and_taints_the_device_until_it_re
             },
         )
         .await?;
-    set_faults(&cluster, "{}")?;
+    cluster.set_l4_faults("{}")?;
     cluster
         .step(
             "after the recovery period the taint is gone and the kubelet shows the devices Healthy again",

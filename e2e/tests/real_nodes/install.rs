@@ -130,7 +130,7 @@ async fn operand_claims_on(
     node: &str,
 ) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     let pods: Vec<String> = cluster
-        .operand_pods(None, node)
+        .operand_pods(None, Some(node))
         .await?
         .into_iter()
         .filter_map(|p: Pod| p.metadata.name)
@@ -204,19 +204,6 @@ async fn on_the_all_mig_node_the_operands_take_mig_devices() -> anyhow::Result<(
         .await
 }
 
-/// A node's labels that a workload author selects on, as GPU feature discovery names them.
-const FEATURE_LABELS: [&str; 9] = [
-    "feature.node.kubernetes.io/pci-10de.present",
-    "nvidia.com/gpu.product",
-    "nvidia.com/gpu.count",
-    "nvidia.com/gpu.memory",
-    "nvidia.com/gpu.family",
-    "nvidia.com/gpu.compute.major",
-    "nvidia.com/gpu.compute.minor",
-    "nvidia.com/mig.capable",
-    "nvidia.com/cuda.driver-version.full",
-];
-
 /// Whether `key` is a label NFD or GPU feature discovery writes.
 fn discovery_key(key: &str) -> bool {
     key.starts_with("feature.node.kubernetes.io/")
@@ -241,17 +228,7 @@ async fn discovery_labels_each_gpu_node_from_its_pci_bus_and_nvml_and_no_other()
                     (MIG_NODE, "true NVIDIA-A100-SXM4-40GB 2 40960 ampere 8 0 true 580.95.05 13.0"),
                 ];
                 for (node, want) in expected {
-                    let labels = cluster.node_labels(node).await?;
-                    let mut said: Vec<&str> = FEATURE_LABELS
-                        .iter()
-                        .map(|k| labels.get(*k).map_or("-", String::as_str))
-                        .collect();
-                    said.push(
-                        labels
-                            .get("nvidia.com/cuda.runtime-version.full")
-                            .map_or("-", String::as_str),
-                    );
-                    let said = said.join(" ");
+                    let said = crate::feature_labels(&cluster, node).await?;
                     ensure!(said == want, "{node}: {said}, want {want}");
                 }
                 // The agent records the keys it owns, so it can take them away again.
@@ -287,7 +264,7 @@ async fn discovery_labels_each_gpu_node_from_its_pci_bus_and_nvml_and_no_other()
                 // The release's node agents there: DaemonSet pods (a Deployment's pod may land on
                 // any node).
                 let agents: Vec<String> = cluster
-                    .operand_pods(None, GPULESS_NODE)
+                    .operand_pods(None, Some(GPULESS_NODE))
                     .await?
                     .into_iter()
                     .filter(|p| {

@@ -4,19 +4,27 @@
 //! kubelet plugin's life on a real kubelet: a restart, its metrics, its pod replaced, MIG, a crash
 //! mid-prepare (`plugin`), GPU health through the kubelet (`health`), claims written for the
 //! upstream driver's sharing API and consumable shares (`sharing`), CEL selection on the published
-//! attributes (`selection`), and GPUClasses: extended resources and shares of a card (`classes`). `hack/test/real-nodes.sh` brings the cluster up, installs the
-//! chart and runs them in `make test` (`e2e/run.sh --real-nodes`); each removes what it made.
+//! attributes (`selection`), GPUClasses: extended resources and shares of a card (`classes`), a
+//! node moved between DRA and the device plugin and that plane's behaviours (`planes`), two nodes
+//! handed over under a PodDisruptionBudget (`handover`), an operand's failure in the GPUCluster's
+//! status (`status`) and a GPU arriving on a running node (`hotplug`, last: it changes the node for
+//! good). `hack/test/real-nodes.sh` brings the cluster up, installs the chart and runs them in
+//! `make test` (`e2e/run.sh --real-nodes`); each leaves the cluster as it found it.
 //!
 //! One alone, on a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
 //! `SHARED_CLUSTER=1 CLUSTER_DIR=.cluster/real-<port base> e2e/run.sh --real-nodes <part of a name>`.
 
 mod access;
 mod classes;
+mod handover;
 mod health;
+mod hotplug;
 mod install;
+mod planes;
 mod plugin;
 mod selection;
 mod sharing;
+mod status;
 mod workloads;
 
 use anyhow::{bail, ensure};
@@ -62,6 +70,30 @@ async fn delete_class(cluster: &RealNodes, name: &str) -> anyhow::Result<()> {
     .await
 }
 
+/// A node's labels that a workload author selects on, as GPU feature discovery names them.
+const FEATURE_LABELS: [&str; 10] = [
+    "feature.node.kubernetes.io/pci-10de.present",
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.count",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/gpu.family",
+    "nvidia.com/gpu.compute.major",
+    "nvidia.com/gpu.compute.minor",
+    "nvidia.com/mig.capable",
+    "nvidia.com/cuda.driver-version.full",
+    "nvidia.com/cuda.runtime-version.full",
+];
+
+/// `node`'s [`FEATURE_LABELS`]' values in that order, space-separated, `-` where unset.
+async fn feature_labels(cluster: &RealNodes, node: &str) -> anyhow::Result<String> {
+    let labels = cluster.node_labels(node).await?;
+    let values: Vec<&str> = FEATURE_LABELS
+        .iter()
+        .map(|key| labels.get(*key).map_or("-", String::as_str))
+        .collect();
+    Ok(values.join(" "))
+}
+
 /// The GPU UUIDs `node` publishes, with the PCIe root each is under.
 async fn published_gpus(
     cluster: &RealNodes,
@@ -82,7 +114,7 @@ async fn published_gpus(
         .collect())
 }
 
-/// Pod `name` succeeded on `node` and saw exactly `count` GPUs, all published by `node`, with as
+/// Pod `name` succeeded on `node` and saw exactly `count` GPUs, all served by `node`, with as
 /// many `/dev/nvidia<minor>` nodes and NVML's library; those GPUs' UUIDs.
 async fn ran_on_gpus(
     cluster: &RealNodes,
@@ -112,11 +144,22 @@ async fn ran_on_gpus(
         "{name} got {device_nodes} /dev/nvidia<minor> nodes, NVML {}: {log}",
         if nvml { "present" } else { "missing" }
     );
-    let node_gpus = published_gpus(cluster, node).await?;
+    let mut node_gpus: Vec<String> = published_gpus(cluster, node)
+        .await?
+        .into_iter()
+        .map(|(uuid, _)| uuid)
+        .collect();
+    // On the device plugin's plane a node's GPUs are in the device plugin's CDI spec.
+    let device_plugin_spec = cluster
+        .node_dir(node)
+        .join("run/cdi/k8s.device-plugin.nvidia.com-gpu.yaml");
+    node_gpus.extend(gpu_uuids(
+        &std::fs::read_to_string(device_plugin_spec).unwrap_or_default(),
+    ));
     for uuid in &seen {
         ensure!(
-            node_gpus.iter().any(|(u, _)| u == uuid),
-            "{name} saw {uuid}, which {node} does not publish"
+            node_gpus.contains(uuid),
+            "{name} saw {uuid}, which {node} does not serve"
         );
     }
     Ok(seen)
