@@ -7,11 +7,13 @@ use serde_json::{Value, json};
 
 use super::plugin::{driver_validation, gpu_node_affinity, host_path, node_volumes, pull_secrets};
 use super::{
-    Inputs, Object, Operand, RenderError, env, meta, node_name_env, operand_daemonset, resources,
-    typed,
+    Inputs, Object, Operand, RenderError, env, meta, metrics_ports, node_name_env,
+    operand_daemonset, resources, typed,
 };
 
 const COMPONENT: &str = "device-plugin";
+/// Where the device plugin serves its metrics and probes.
+const METRICS_ENDPOINT: &str = "0.0.0.0:8080";
 
 /// `nvidia-device-plugin-daemonset`, selecting `nvidia.com/gpu.deploy.device-plugin=true`;
 /// nothing when `spec.devicePlugin.enabled` is false or a `ClusterPolicy` serves that plane.
@@ -51,7 +53,7 @@ pub fn device_plugin(
     env_list.extend(
         env(
             &[
-                (e::HTTP_ENDPOINT, "0.0.0.0:8080"),
+                (e::HTTP_ENDPOINT, METRICS_ENDPOINT),
                 (e::CDI_ROOT, paths::CDI_ROOT),
                 (e::DEVICE_PLUGIN_PATH, device_plugins.as_str()),
                 (e::DRIVER_READY_FILE, driver_ready.as_str()),
@@ -73,6 +75,7 @@ pub fn device_plugin(
         "env": env_list,
         "securityContext": {"privileged": true},
         "resources": resources(&dp.resources),
+        "ports": metrics_ports(METRICS_ENDPOINT, &dp.env),
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 5},
         "volumeMounts": [
             {"name": "device-plugins", "mountPath": device_plugins},

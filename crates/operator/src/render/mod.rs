@@ -264,6 +264,24 @@ fn env(base: &[(&str, &str)], user: &[EnvVar]) -> Value {
     json!(out)
 }
 
+/// The container port named `http` (what the chart's PodMonitors scrape) of a metrics endpoint:
+/// `default` (`HOST:PORT`), or the one the user's env sets instead; none when it has no port.
+fn metrics_ports(default: &str, user: &[EnvVar]) -> Value {
+    let endpoint = user
+        .iter()
+        .find(|u| u.name == api::contract::env::HTTP_ENDPOINT)
+        .and_then(|u| u.value.as_deref())
+        .unwrap_or(default);
+    match endpoint
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .filter(|port| *port > 0)
+    {
+        Some(port) => json!([{"name": "http", "containerPort": port}]),
+        None => json!([]),
+    }
+}
+
 /// The env var that gives a container its node's name.
 fn node_name_env() -> Value {
     json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
@@ -318,5 +336,24 @@ mod unit {
         assert_eq!(int_or_percent("1"), json!(1));
         assert_eq!(int_or_percent(" 3 "), json!(3));
         assert_eq!(int_or_percent("100%"), json!("100%"));
+    }
+
+    #[test]
+    fn the_metrics_port_follows_the_endpoint_the_user_sets_and_is_left_out_without_one() {
+        let user = |value: &str| {
+            vec![EnvVar {
+                name: api::contract::env::HTTP_ENDPOINT.into(),
+                value: Some(value.into()),
+                ..EnvVar::default()
+            }]
+        };
+        let http = |port: u16| json!([{"name": "http", "containerPort": port}]);
+        assert_eq!(metrics_ports("0.0.0.0:8080", &[]), http(8080));
+        assert_eq!(
+            metrics_ports("0.0.0.0:8080", &user("[::]:9400")),
+            http(9400)
+        );
+        assert_eq!(metrics_ports("0.0.0.0:8080", &user("")), json!([]));
+        assert_eq!(metrics_ports("0.0.0.0:8080", &user("host:0")), json!([]));
     }
 }

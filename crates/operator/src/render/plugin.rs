@@ -8,8 +8,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
 use super::{
-    Inputs, Object, Operand, RenderError, env, meta, node_name_env, operand_daemonset, pod_labels,
-    resources, typed,
+    Inputs, Object, Operand, RenderError, env, meta, metrics_ports, node_name_env,
+    operand_daemonset, pod_labels, resources, typed,
 };
 
 const COMPONENT: &str = "dra-driver";
@@ -270,7 +270,9 @@ fn gpus_container(
         http_endpoint: "0.0.0.0:8080",
         env,
     };
-    kubelet_plugin_container(container, image, pull, kubelet_root)
+    let mut container = kubelet_plugin_container(container, image, pull, kubelet_root);
+    container["ports"] = metrics_ports("0.0.0.0:8080", &spec.dra_driver.gpus.kubelet_plugin.env);
+    container
 }
 
 fn compute_domains_container(
