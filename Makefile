@@ -20,7 +20,7 @@ TEST_TARGETS :=
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
 
-# What a fresh machine lacks (Rust components, shellcheck, the real nodes' Debian packages):
+# What a fresh machine lacks (Rust components, shellcheck, promtool, the real nodes' Debian packages):
 # idempotent and quiet when all is there, so every entry point a new user types runs it first.
 bootstrap: ## Install what a fresh machine lacks (hack/ci-bootstrap.sh; idempotent)
 	@hack/ci-bootstrap.sh

@@ -19,8 +19,9 @@ lint-chart: chart-helm ## helm lint the chart (defaults and the guide's pre-inst
 	$(CHART_HELM) lint --strict $(CHART_DIR) --set driver.enabled=false \
 		--set 'operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE' --set 'operator.env[0].value=dra'
 
-test-chart: lint-chart ## helm lint + `helm template` snapshot tests of the chart (no cluster needed)
+test-chart: lint-chart ## helm lint, `helm template` snapshot tests and promtool tests of the chart's alerts (no cluster needed)
 	HELM=$(CHART_HELM) $(CHART_DIR)/tests/snapshot.sh
+	HELM=$(CHART_HELM) $(CHART_DIR)/tests/rules.sh
 
 update-chart-snapshots: chart-helm ## Rewrite the chart's snapshot files after an intended change
 	HELM=$(CHART_HELM) UPDATE=1 $(CHART_DIR)/tests/snapshot.sh

@@ -19,6 +19,12 @@ fi
 if ! command -v shellcheck >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null
 fi
+# make test-chart tests the chart's alerts with promtool (Debian ships it in prometheus) and reads
+# the rendered chart with PyYAML.
+if ! command -v promtool >/dev/null 2>&1 || ! python3 -c 'import yaml' 2>/dev/null; then
+  echo "ci-bootstrap: installing prometheus (promtool) and python3-yaml" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus python3-yaml >/dev/null
+fi
 # The local cluster's real nodes: runc, the CNI plugins, iptables and nftables (kube-proxy and CNI
 # inside the nodes' network namespaces), busybox-static for the test image.
 real_node_pkgs=()
