@@ -47,3 +47,4 @@ mod testutil;
 pub mod time_slice;
 pub mod types;
 pub mod upstream_metrics;
+pub mod withdraw;

@@ -105,6 +105,9 @@ async fn rebuild(client: &kube::Client, driver: &Driver<PrefetchedClaims>, node:
 /// is an offer, and a claim the scheduler placed on it before the kubelet could call the plugin
 /// fails its first prepare and waits for the kubelet's next pod sync (over a minute). Reading the
 /// Node is retried, never fatal, so the kubelet keeps being served while the API is unreachable.
+/// How long shutdown waits to withdraw a leaving node's ResourceSlices.
+const WITHDRAW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn publish(
     client: kube::Client,
     node: String,
@@ -304,7 +307,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let sockets = Sockets::bind(&paths)?.with_health(health_stream);
     let registration =
         RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy()).with_resource_health();
-    tokio::spawn(publish(
+    let publishing = tokio::spawn(publish(
         client.clone(),
         config.node_name.clone(),
         Arc::clone(&table),
@@ -370,6 +373,31 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             shutdown.wait(),
         )
         .await?;
+    // A node leaving the DRA plane takes its slices down now, not when the kubelet gets to it
+    // (crate::withdraw); nothing republishes them after this.
+    publishing.abort();
+    let withdrawn = tokio::time::timeout(
+        WITHDRAW_TIMEOUT,
+        crate::withdraw::withdraw_if_leaving(&client, &config.node_name, DRIVER_NAME),
+    )
+    .await;
+    match withdrawn {
+        Ok(Ok(0)) => {}
+        Ok(Ok(deleted)) => {
+            tracing::info!(
+                deleted,
+                "the node left the DRA plane: its ResourceSlices are deleted"
+            )
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not withdraw the node's ResourceSlices; the kubelet removes them later")
+        }
+        Err(_) => {
+            tracing::warn!(
+                "withdrawing the node's ResourceSlices timed out; the kubelet removes them later"
+            )
+        }
+    }
     // The PhysicalGPUs say that nothing serves them now (bounded by physical_gpu_objects::FINAL_WRITE).
     let _ = physical_gpus.await;
     tracing::info!("sockets removed; bye");
