@@ -2,7 +2,7 @@
 //! the device plugin, what shows the move (labels, pods, the kubelet's allocatable), and a guard
 //! that moves the nodes back.
 
-use super::{RealNodes, plugin_ready, pod_ready};
+use super::{RealNodes, plugin_ready, pod_ready, ready_on};
 use crate::eventually;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -90,7 +90,7 @@ impl RealNodes {
             let allocatable = self.allocatable_gpus(node).await?;
             if ready
                 && published == gpus
-                && readiness == "gpu-stack=dra gpu-setup-complete=true unschedulable=false"
+                && readiness == ready_on("dra")
                 && device_plugins == 0
                 && matches!(allocatable.as_str(), "" | "0")
             {

@@ -102,14 +102,7 @@ impl RealNodes {
     /// `gpu-stack=<plane> gpu-setup-complete=<bool> unschedulable=<bool>` (empty where unset).
     pub async fn readiness(&self, name: &str) -> anyhow::Result<String> {
         let node = Api::<Node>::all(self.client.clone()).get(name).await?;
-        let labels = node.metadata.labels.unwrap_or_default();
-        let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
-        let cordoned = node.spec.and_then(|s| s.unschedulable).unwrap_or(false);
-        Ok(format!(
-            "gpu-stack={} gpu-setup-complete={} unschedulable={cordoned}",
-            label("gpu-operator-rs.dev/gpu-stack"),
-            label("gpu-operator-rs.dev/gpu-setup-complete")
-        ))
+        Ok(readiness_of(&node))
     }
 
     /// The devices `node` publishes in ResourceSlices of our driver.
@@ -246,6 +239,30 @@ impl RealNodes {
         }
     }
 
+    /// `node`'s kubelet log.
+    pub fn kubelet_log(&self, node: &str) -> PathBuf {
+        self.env
+            .cluster_dir
+            .join(format!("logs/kubelet-{node}.log"))
+    }
+
+    /// Where `node`'s kubelet log ends now, to read what it logs later with
+    /// [`RealNodes::kubelet_log_since`].
+    pub fn kubelet_log_end(&self, node: &str) -> anyhow::Result<u64> {
+        let path = self.kubelet_log(node);
+        Ok(std::fs::metadata(&path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .len())
+    }
+
+    /// What `node`'s kubelet logged after `end` (from [`RealNodes::kubelet_log_end`]).
+    pub fn kubelet_log_since(&self, node: &str, end: u64) -> anyhow::Result<String> {
+        let path = self.kubelet_log(node);
+        let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let start = usize::try_from(end).unwrap_or(usize::MAX).min(text.len());
+        Ok(String::from_utf8_lossy(&text[start..]).into_owned())
+    }
+
     /// The last lines of what the components serving `node` logged: its kubelet plugin pod, its
     /// kubelet, and the node labeler (which moves nodes between planes).
     pub async fn component_logs(&self, node: &str) -> String {
@@ -263,16 +280,35 @@ impl RealNodes {
             },
             Err(e) => format!("--- node labeler: {e:#}"),
         };
-        let kubelet = self
-            .env
-            .cluster_dir
-            .join(format!("logs/kubelet-{node}.log"));
+        let kubelet = self.kubelet_log(node);
         format!(
             "{plugin}\n--- {}:\n{}\n{labeler}",
             kubelet.display(),
             crate::log_tail(&kubelet)
         )
     }
+}
+
+/// What a node's readiness labels and cordon say, as
+/// `gpu-stack=<plane> gpu-setup-complete=<bool> unschedulable=<bool>` (empty where unset).
+pub fn readiness_of(node: &Node) -> String {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    format!(
+        "gpu-stack={} gpu-setup-complete={} unschedulable={cordoned}",
+        label("gpu-operator-rs.dev/gpu-stack"),
+        label("gpu-operator-rs.dev/gpu-setup-complete")
+    )
+}
+
+/// What [`readiness_of`] says of a node ready on `plane` and uncordoned.
+pub fn ready_on(plane: &str) -> String {
+    format!("gpu-stack={plane} gpu-setup-complete=true unschedulable=false")
 }
 
 /// The node labeler's pods, by label.

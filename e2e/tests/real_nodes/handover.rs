@@ -2,9 +2,14 @@
 //! 2-replica Deployment with a PodDisruptionBudget go to the device plugin and back with
 //! `migration.drain: evict`. The labeler moves them one at a time (cordon, evict through the PDB,
 //! switch, wait for the plane's validator, uncordon); the replicas ask `nvidia.com/gpu: 1`, which
-//! either plane serves, and one keeps running throughout.
+//! either plane serves, and one keeps running throughout. It runs before `plugin::` restarts
+//! real-gpu-0's kubelet: a kubelet restarted after a device-plugin period refuses pods asking
+//! `nvidia.com/gpu` through the DeviceClass mapping (docs/migration.md), so run alone after it, it
+//! fails waiting for both replicas.
 
-use e2e::real_nodes::{H100_NODE, L4_NODE, RealNodes, WORKLOAD_IMAGE, WORKLOAD_NS};
+use e2e::real_nodes::{
+    H100_NODE, L4_NODE, RealNodes, WORKLOAD_IMAGE, WORKLOAD_NS, readiness_of, ready_on,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use std::collections::{BTreeMap, BTreeSet};
@@ -76,8 +81,8 @@ async fn sample(cluster: &RealNodes, mode: &str) -> anyhow::Result<Sample> {
     let nodes = Api::<Node>::all(cluster.client.clone());
     for name in NODES {
         let node = nodes.get(name).await?;
-        let labels = node.metadata.labels.unwrap_or_default();
-        let annotations = node.metadata.annotations.unwrap_or_default();
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
         let label = |key: &str| labels.get(key).is_some_and(|v| !v.is_empty());
         let handover = annotations
             .get("gpu-operator-rs.dev/plane-handover")
@@ -92,17 +97,7 @@ async fn sample(cluster: &RealNodes, mode: &str) -> anyhow::Result<Sample> {
         {
             sample.both_planes.insert(name.to_owned());
         }
-        let cordoned = node.spec.and_then(|s| s.unschedulable).unwrap_or(false);
-        if labels
-            .get("gpu-operator-rs.dev/gpu-stack")
-            .map(String::as_str)
-            == Some(mode)
-            && labels
-                .get("gpu-operator-rs.dev/gpu-setup-complete")
-                .map(String::as_str)
-                == Some("true")
-            && !cordoned
-        {
+        if readiness_of(&node) == ready_on(mode) {
             sample.ready.insert(name.to_owned());
         }
     }

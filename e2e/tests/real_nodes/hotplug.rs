@@ -5,7 +5,7 @@
 
 use anyhow::{bail, ensure};
 use e2e::eventually;
-use e2e::real_nodes::{GPULESS_NODE, RealNodes};
+use e2e::real_nodes::{GPULESS_NODE, RealNodes, ready_on};
 use std::time::Duration;
 
 /// The label discovery sets on a node with an NVIDIA function on its PCI bus.
@@ -72,7 +72,7 @@ async fn a_gpu_and_then_its_driver_arriving_make_the_gpuless_node_a_dra_gpu_node
                 let readiness = cluster.readiness(GPULESS_NODE).await?;
                 let gpus = crate::published_gpus(&cluster, GPULESS_NODE).await?.len();
                 if gfd == "true NVIDIA-L4 1 23034 ada-lovelace 8 9 false 580.95.05 13.0"
-                    && readiness == "gpu-stack=dra gpu-setup-complete=true unschedulable=false"
+                    && readiness == ready_on("dra")
                     && gpus == 1
                 {
                     Ok(Some(()))

@@ -9,7 +9,7 @@ use e2e::eventually;
 use e2e::helm::{DEVICE_CLASSES, device_class_names};
 use e2e::real_nodes::{
     GPU_NODES, GPULESS_NODE, GuidePod, H100_NODE, L4_NODE, MIG_NODE, OPERATOR_NS, RealNodes,
-    gpu_class,
+    gpu_class, ready_on,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -17,17 +17,14 @@ use kube::api::{Api, ListParams};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// The readiness a node served by the DRA stack shows: its plane, set up, not cordoned.
-const DRA_READY: &str = "gpu-stack=dra gpu-setup-complete=true unschedulable=false";
-
-/// Waits until `node` shows [`DRA_READY`].
+/// Waits until `node` is ready on DRA and uncordoned.
 async fn dra_ready(cluster: &RealNodes, node: &str) -> anyhow::Result<()> {
     eventually(
         Duration::from_secs(60),
         &format!("{node}'s readiness labels"),
         || async {
             let said = cluster.readiness(node).await?;
-            if said == DRA_READY {
+            if said == ready_on("dra") {
                 Ok(Some(()))
             } else {
                 Err(anyhow::anyhow!("{node} shows {said}"))

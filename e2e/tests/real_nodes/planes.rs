@@ -9,7 +9,7 @@ use anyhow::{bail, ensure};
 use e2e::eventually;
 use e2e::real_nodes::{
     DEVICE_PLUGIN, GuidePod, L4_NODE, LIST_GPUS, MODE_LABEL, OPERATOR_NS, RealNodes,
-    mock_fault_env, pod_ready, resource_pod,
+    mock_fault_env, pod_ready, ready_on, resource_pod,
 };
 use std::time::Duration;
 
@@ -113,20 +113,29 @@ async fn a_switch_waits_for_the_pods_holding_the_old_planes_gpus_and_the_device_
     cluster.delete("pod", &["switch"])?;
     cluster
         .step(
-            "once the pod left, the DRA plugin left the node and NodesHeldOnDRA turned False",
+            "once the pod left, the DRA plugin left the node with its ResourceSlices (no GPU of the node left to allocate) and NodesHeldOnDRA turned False",
             L4_NODE,
-            eventually(Duration::from_secs(120), "the DRA plugin gone", || async {
+            async { eventually(Duration::from_secs(120), "the DRA plugin gone", || async {
                 let label = cluster.deploy_label(L4_NODE, "dra-driver").await?;
                 let plugin = cluster.plugin_pod(L4_NODE).await.is_ok();
+                let published = cluster.published_devices(L4_NODE).await?.len();
                 let held = held_on_dra(&cluster)?;
-                if label.is_empty() && !plugin && held.starts_with("False") {
-                    Ok(Some(()))
+                if !plugin && published > 0 {
+                    // The plugin withdraws them before it exits: the scheduler would allocate
+                    // GPUs no DRA plugin serves now.
+                    return Ok(Some(Err(anyhow::anyhow!(
+                        "the plugin pod is gone and {published} devices are still published"
+                    ))));
+                }
+                if label.is_empty() && !plugin && published == 0 && held.starts_with("False") {
+                    Ok(Some(Ok(())))
                 } else {
                     Err(anyhow::anyhow!(
-                        "dra-driver label {label:?}, plugin pod there: {plugin}, NodesHeldOnDRA {held:?}"
+                        "dra-driver label {label:?}, plugin pod there: {plugin}, {published} devices published, NodesHeldOnDRA {held:?}"
                     ))
                 }
-            }),
+            })
+            .await? },
         )
         .await?;
     cluster
@@ -175,7 +184,7 @@ async fn a_switch_waits_for_the_pods_holding_the_old_planes_gpus_and_the_device_
                     None,
                     "dra={.status.nodes.dra} devicePlugin={.status.nodes.devicePlugin} readyDevicePlugin={.status.nodes.readyDevicePlugin}",
                 )?;
-                if readiness == "gpu-stack=device-plugin gpu-setup-complete=true unschedulable=false"
+                if readiness == ready_on("device-plugin")
                     && planes == "dra=3 devicePlugin=1 readyDevicePlugin=1"
                 {
                     Ok(Some(()))
@@ -240,6 +249,7 @@ async fn a_switch_waits_for_the_pods_holding_the_old_planes_gpus_and_the_device_
     cluster
         .wait_running(&["dp-hold"], Duration::from_secs(120))
         .await?;
+    let kubelet_log = cluster.kubelet_log_end(L4_NODE)?;
     mode.switch("dra")?;
     cluster
         .step(
@@ -259,6 +269,21 @@ async fn a_switch_waits_for_the_pods_holding_the_old_planes_gpus_and_the_device_
             "once the pod left, the device plugin left and the DRA plugin returned, publishing the node's 2 GPUs; ready on dra, uncordoned",
             L4_NODE,
             mode.restore(&[2]),
+        )
+        .await?;
+    cluster
+        .step(
+            "no pod on the node was given a claim before the DRA plugin registered (no stale ResourceSlice was left to allocate from)",
+            L4_NODE,
+            async {
+                let logged = cluster.kubelet_log_since(L4_NODE, kubelet_log)?;
+                let early: Vec<&str> = logged
+                    .lines()
+                    .filter(|l| l.contains("DRA driver gpu.nvidia.com is not registered"))
+                    .collect();
+                ensure!(early.is_empty(), "the kubelet logged: {early:#?}");
+                Ok(())
+            },
         )
         .await
 }
