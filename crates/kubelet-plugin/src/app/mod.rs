@@ -307,6 +307,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let sockets = Sockets::bind(&paths)?.with_health(health_stream);
     let registration =
         RegistrationService::new(DRIVER_NAME, &paths.dra.to_string_lossy()).with_resource_health();
+    // Whether the labeler deployed this plugin on the node: only then is the label's going away
+    // the node leaving DRA (crate::withdraw). Unknown counts as not.
+    let deployed_at_start = match crate::withdraw::node_labels(&client, &config.node_name).await {
+        Ok(labels) => crate::withdraw::deployed(&labels),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read this Node's labels; its ResourceSlices stay at shutdown");
+            false
+        }
+    };
     let publishing = tokio::spawn(publish(
         client.clone(),
         config.node_name.clone(),
@@ -378,7 +387,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     publishing.abort();
     let withdrawn = tokio::time::timeout(
         WITHDRAW_TIMEOUT,
-        crate::withdraw::withdraw_if_leaving(&client, &config.node_name, DRIVER_NAME),
+        crate::withdraw::withdraw_if_leaving(
+            &client,
+            &config.node_name,
+            DRIVER_NAME,
+            deployed_at_start,
+        ),
     )
     .await;
     match withdrawn {
