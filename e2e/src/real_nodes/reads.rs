@@ -105,6 +105,31 @@ impl RealNodes {
         Ok(readiness_of(&node))
     }
 
+    /// Fields of the GPUCluster through a JSONPath template (`{.status.state}`).
+    pub fn gpu_cluster(&self, template: &str) -> anyhow::Result<String> {
+        self.jsonpath("gpucluster", "gpu-cluster", None, template)
+    }
+
+    /// The GPUCluster's condition of type `kind` as `[status, reason, message]`, empty where it
+    /// has none.
+    pub fn gpu_cluster_condition(&self, kind: &str) -> anyhow::Result<[String; 3]> {
+        let json: serde_json::Value = serde_json::from_str(
+            &self.kubectl(&["get", "gpucluster", "gpu-cluster", "-o", "json"], None)?,
+        )?;
+        let condition = json["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == kind);
+        let field = |name: &str| {
+            condition
+                .and_then(|c| c[name].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Ok([field("status"), field("reason"), field("message")])
+    }
+
     /// The devices `node` publishes in ResourceSlices of our driver.
     pub async fn published_devices(&self, node: &str) -> anyhow::Result<Vec<Device>> {
         let params =

@@ -291,12 +291,8 @@ async fn discovery_labels_each_gpu_node_from_its_pci_bus_and_nvml_and_no_other()
 
 /// The GPUCluster's `DRAFeaturesServed` condition, as `reason: message`.
 fn features_condition(cluster: &RealNodes) -> anyhow::Result<String> {
-    cluster.jsonpath(
-        "gpucluster",
-        "gpu-cluster",
-        None,
-        r#"{.status.conditions[?(@.type=="DRAFeaturesServed")].reason}: {.status.conditions[?(@.type=="DRAFeaturesServed")].message}"#,
-    )
+    let [_, reason, message] = cluster.gpu_cluster_condition("DRAFeaturesServed")?;
+    Ok(format!("{reason}: {message}"))
 }
 
 #[tokio::test]

@@ -15,17 +15,13 @@ use std::time::Duration;
 
 /// The GPUCluster's `NodesHeldOnDRA` condition: `status message`.
 fn held_on_dra(cluster: &RealNodes) -> anyhow::Result<String> {
-    cluster.jsonpath(
-        "gpucluster",
-        "gpu-cluster",
-        None,
-        r#"{.status.conditions[?(@.type=="NodesHeldOnDRA")].status} {.status.conditions[?(@.type=="NodesHeldOnDRA")].message}"#,
-    )
+    let [status, _, message] = cluster.gpu_cluster_condition("NodesHeldOnDRA")?;
+    Ok(format!("{status} {message}"))
 }
 
-/// Waits until the L4 node's operand labels say `validator` (which plane's validator runs: `-`
-/// for none), `dra-driver` and `device-plugin` (`true` or empty), and its readiness `readiness`;
-/// then, 5 s later, that they still do (nothing moved on behind the test's back).
+/// Waits until the L4 node's deploy labels say `validator` (a validator's label and its value),
+/// `dra-driver` and `device-plugin` (`true` or empty), and its readiness `readiness`; then, 5 s
+/// later, that they still do (nothing moved on behind the test's back).
 async fn holds(
     cluster: &RealNodes,
     validator: (&str, &str),
@@ -178,10 +174,7 @@ async fn a_switch_waits_for_the_pods_holding_the_old_planes_gpus_and_the_device_
             L4_NODE,
             eventually(Duration::from_secs(60), "ready on device-plugin", || async {
                 let readiness = cluster.readiness(L4_NODE).await?;
-                let planes = cluster.jsonpath(
-                    "gpucluster",
-                    "gpu-cluster",
-                    None,
+                let planes = cluster.gpu_cluster(
                     "dra={.status.nodes.dra} devicePlugin={.status.nodes.devicePlugin} readyDevicePlugin={.status.nodes.readyDevicePlugin}",
                 )?;
                 if readiness == ready_on("device-plugin")

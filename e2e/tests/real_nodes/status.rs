@@ -7,12 +7,8 @@ use std::time::Duration;
 
 /// The GPUCluster's Ready condition: `reason: message`.
 fn ready_says(cluster: &RealNodes) -> anyhow::Result<String> {
-    cluster.jsonpath(
-        "gpucluster",
-        "gpu-cluster",
-        None,
-        r#"{.status.conditions[?(@.type=="Ready")].reason}: {.status.conditions[?(@.type=="Ready")].message}"#,
-    )
+    let [_, reason, message] = cluster.gpu_cluster_condition("Ready")?;
+    Ok(format!("{reason}: {message}"))
 }
 
 #[tokio::test]
@@ -20,12 +16,7 @@ fn ready_says(cluster: &RealNodes) -> anyhow::Result<String> {
 async fn an_operand_image_that_cannot_be_pulled_is_named_in_the_gpuclusters_ready_condition()
 -> anyhow::Result<()> {
     let cluster = RealNodes::connect().await?;
-    let image = cluster.jsonpath(
-        "gpucluster",
-        "gpu-cluster",
-        None,
-        "{.spec.dcgmExporter.image}",
-    )?;
+    let image = cluster.gpu_cluster("{.spec.dcgmExporter.image}")?;
     let missing = format!("{image}-missing");
     let edit = cluster
         .edit_gpu_cluster(&[("dcgmExporter.image", missing.clone().into())])
@@ -58,8 +49,7 @@ async fn an_operand_image_that_cannot_be_pulled_is_named_in_the_gpuclusters_read
             "the image restored: the GPUCluster is ready again",
             H100_NODE,
             eventually(Duration::from_secs(180), "the GPUCluster ready", || async {
-                let state =
-                    cluster.jsonpath("gpucluster", "gpu-cluster", None, "{.status.state}")?;
+                let state = cluster.gpu_cluster("{.status.state}")?;
                 if state == "ready" {
                     Ok(Some(()))
                 } else {
