@@ -667,7 +667,7 @@ async fn pending_pod_is_explained(
     .await?;
     eprintln!("chart: pending pod told: {why}");
     ensure!(
-        why.contains("publish devices of DeviceClass gpu.nvidia.com")
+        why.contains("devices of DeviceClass gpu.nvidia.com (")
             && gpu_nodes.iter().all(|n| why.contains(n.as_str()))
             && why.contains("the pod's claims ask 32"),
         "unexpected note: {why}"

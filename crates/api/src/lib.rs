@@ -11,7 +11,9 @@ pub mod gpucluster;
 pub mod handover;
 pub mod image;
 pub mod mode;
+pub mod pending;
 pub mod physicalgpu;
+pub mod pods;
 
 pub use gpuclass::{GPUClass, GPUClassSpec, GPUClassStatus};
 pub use gpucluster::{GPUCluster, GPUClusterSpec, GPUClusterStatus};

@@ -13,7 +13,6 @@ use super::context::Context;
 use super::error::Error;
 use super::node_ops::{self, Eviction};
 use super::write::patch_params;
-use crate::claims;
 use crate::handover::Step;
 
 /// Counts the step, keeps the held-on-DRA gauge, and books or frees the node's hand-over slot
@@ -103,7 +102,7 @@ pub(super) async fn carry_out(
             }
             for pod in holding
                 .iter()
-                .filter(|p| *evict && !claims::is_daemonset_pod(p))
+                .filter(|p| *evict && !api::pods::is_daemonset_pod(p))
             {
                 let result = node_ops::evict(&ctx.evictions, pod)
                     .await
