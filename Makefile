@@ -15,7 +15,7 @@ export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health bench-time-to-gpu demo help
+.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health bench-time-to-gpu dist demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -70,6 +70,9 @@ bench-health: hack-tools ## NVML fault to device taint latency, and API writes o
 
 bench-time-to-gpu: hack-tools ## A new real GPU node's kubelet registering to its first GPU pod Running, step by step (root; not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-time-to-gpu.sh
+
+dist: ## kubectl gpu for release: dist/kubectl-gpu_<version>_linux_amd64.tar.gz and its krew manifest dist/gpu.yaml
+	CACHE_DIR=$(CACHE_DIR) hack/kubectl-gpu-dist.sh
 
 demo: bootstrap ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
 	CACHE_DIR=$(CACHE_DIR) hack/demo.sh
