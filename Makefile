@@ -15,7 +15,7 @@ export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health bench-time-to-gpu dist demo help
+.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health bench-time-to-gpu dist test-dist demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -53,6 +53,13 @@ test-e2e: hack-tools ## End-to-end suite on a local cluster of its own (e2e/run.
 	$(CARGO) build --workspace --bins --locked
 	CACHE_DIR=$(CACHE_DIR) e2e/run.sh
 
+dist: ## kubectl gpu for release: dist/kubectl-gpu_<version>_linux_amd64.tar.gz and its krew manifest dist/gpu.yaml
+	CACHE_DIR=$(CACHE_DIR) hack/kubectl-gpu-dist.sh
+
+TEST_TARGETS += test-dist
+test-dist: ## The release archive and krew manifest of kubectl gpu, built (debug) and checked in a scratch folder
+	d="$$(mktemp -d)" && CACHE_DIR=$(CACHE_DIR) PROFILE=debug DIST_DIR="$$d" hack/kubectl-gpu-dist.sh && rm -rf "$$d"
+
 test: bootstrap lint test-rust $(TEST_TARGETS) ## What CI runs: lint, then every test (the cluster suites on one cluster)
 	@echo "make test: all suites passed"
 
@@ -70,9 +77,6 @@ bench-health: hack-tools ## NVML fault to device taint latency, and API writes o
 
 bench-time-to-gpu: hack-tools ## A new real GPU node's kubelet registering to its first GPU pod Running, step by step (root; not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-time-to-gpu.sh
-
-dist: ## kubectl gpu for release: dist/kubectl-gpu_<version>_linux_amd64.tar.gz and its krew manifest dist/gpu.yaml
-	CACHE_DIR=$(CACHE_DIR) hack/kubectl-gpu-dist.sh
 
 demo: bootstrap ## Run the product end to end on the local cluster (leaves it up; make cluster-down stops it)
 	CACHE_DIR=$(CACHE_DIR) hack/demo.sh

@@ -25,6 +25,9 @@ if [[ "${1:-}" == --real-nodes ]]; then
     exit 2
   }
   export E2E_KUBECONFIG="$CLUSTER_DIR/kubeconfig" E2E_CLUSTER_DIR="$CLUSTER_DIR"
+  # The scenarios run `kubectl gpu` as kubectl runs plugins: the binary found on the PATH.
+  cargo build -q -p kubectl-gpu --locked
+  export E2E_BIN_DIR="$CARGO_TARGET_DIR/debug"
   exec cargo test -p e2e --locked --test real_nodes -- "${TEST_FLAGS[@]}" "$@"
 fi
 # The suite's test targets: every file of e2e/tests but the real-node scenarios.

@@ -306,11 +306,12 @@ fi
 # consumable shares, GPU health through the kubelet, CEL selection, GPUClasses, what the GPUCluster
 # says the apiserver serves, moving a node between planes (under a running pod, the device plugin's
 # plane: its validator, a lost GPU, time-slicing, a ClusterPolicy), both nodes handed over under a
-# PodDisruptionBudget, an operand's unpullable image in the GPUCluster's status, and last (it
+# PodDisruptionBudget (watched with `kubectl gpu migration --watch`), an operand's unpullable image
+# in the GPUCluster's status, `kubectl gpu`'s nodes, claims and why, and last (it
 # changes the node for good) a GPU and then its driver arriving on the node without one. The subset
 # leaves out CEL selection, the GPUClasses (1.34 serves no shares), of the plugin's scenarios all
 # but the MIG claim, of the planes' all but the switch under a running pod, the hand-over under a
-# PDB, the unpullable image and the hot-plug. With KEEP_CLUSTER=1 the test stops before the
+# PDB, the unpullable image, `kubectl gpu` and the hot-plug. With KEEP_CLUSTER=1 the test stops before the
 # hot-plug and leaves the cluster up, the chart installed, for running one alone
 # (e2e/run.sh --real-nodes).
 # scenario_verdicts LOG: "NAME ok|FAILED" per test in the output of libtest with --nocapture, where

@@ -45,7 +45,7 @@ impl Progress {
 pub struct NodeStep {
     /// The node.
     pub node: String,
-    /// The plane whose plugin is deployed on it now.
+    /// The plane it leaves during a hand-over, else the plane whose plugin is deployed on it.
     pub from: Option<String>,
     /// The plane it wants (its allocation-mode label, set by the plane policy or an admin).
     pub to: String,
@@ -106,11 +106,19 @@ pub fn progress(cluster: &Cluster) -> Progress {
         match handover(node) {
             Some(h) if h.phase == Phase::Draining => {
                 step.step = "draining".into();
+                step.from = Some(h.from.to_string());
                 step.since = Some(h.since);
                 step.blocked_by = holders(cluster, &name, h.from);
+                if step.blocked_by.is_empty() {
+                    step.blocked_by = vec![format!(
+                        "nothing holds a {} GPU any more: the node labeler moves the plane next",
+                        h.from
+                    )];
+                }
             }
             Some(h) if h.phase == Phase::WaitingForPlane => {
                 step.step = "waiting for plane".into();
+                step.from = Some(h.from.to_string());
                 step.since = Some(h.since);
                 step.blocked_by = vec![format!(
                     "the {} plane's validator has not passed on the node yet",
@@ -303,6 +311,11 @@ mod tests {
             ]
         );
         assert_eq!(p.pending[0].blocked_by, ["pod ns/trainer holds a dra GPU"]);
+        assert_eq!(
+            p.pending[1].from.as_deref(),
+            Some("dra"),
+            "the plane it leaves"
+        );
         assert!(p.pending[3].blocked_by[0].contains("not ready within 600s"));
         assert_eq!(
             summary(&p),

@@ -101,6 +101,27 @@ impl RealNodes {
         run(command.args(args), stdin)
     }
 
+    /// `kubectl gpu ARGS` as kubectl runs the plugin: `kubectl-gpu` found on the `PATH` (the
+    /// workspace's build), the cluster admin's kubeconfig in `KUBECONFIG`. Not started.
+    pub fn kubectl_gpu_command(&self, args: &[&str]) -> Command {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![self.env.bin_dir.clone()];
+        dirs.extend(std::env::split_paths(&path));
+        let mut command = Command::new(self.env.tools_dir.join("kubectl"));
+        command
+            .env("PATH", std::env::join_paths(dirs).unwrap_or(path))
+            .env("KUBECONFIG", &self.env.kubeconfig)
+            .arg("gpu")
+            .args(args);
+        command
+    }
+
+    /// Runs `kubectl gpu ARGS` ([`Self::kubectl_gpu_command`]); its output, or an error with its
+    /// stderr.
+    pub fn kubectl_gpu(&self, args: &[&str]) -> anyhow::Result<String> {
+        run(&mut self.kubectl_gpu_command(args), None)
+    }
+
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
         self.kubectl(&["apply", "-f", "-"], Some(yaml)).map(drop)

@@ -13,6 +13,7 @@ use e2e::real_nodes::{
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// The nodes handed over.
@@ -116,6 +117,8 @@ struct Watched {
     ended: BTreeMap<String, u64>,
     seconds: u64,
     replaced: usize,
+    /// What `kubectl gpu migration --watch`, started with the label change, printed.
+    watch_output: String,
 }
 
 /// Sets both nodes to `mode` and samples every second until both are ready on it with 2 replicas
@@ -128,6 +131,21 @@ async fn hand_over(
     let before = sample(cluster, mode).await?.running;
     guard.switch(mode)?;
     let start = Instant::now();
+    let mut watch = Watch(Some(
+        cluster
+            .kubectl_gpu_command(&[
+                "migration",
+                "--watch",
+                "--interval",
+                "1s",
+                "--timeout",
+                "450s",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?,
+    ));
     let mut watched = Watched {
         fewest_running: 2,
         ..Watched::default()
@@ -151,6 +169,7 @@ async fn hand_over(
         if now.ready.len() == NODES.len() && now.running.len() == 2 {
             watched.seconds = at;
             watched.replaced = before.difference(&now.running).count();
+            watched.watch_output = watch_ended(watch.0.take().expect("started")).await?;
             return Ok(watched);
         }
         anyhow::ensure!(
@@ -159,6 +178,54 @@ async fn hand_over(
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// A running `kubectl gpu migration --watch`, stopped if the scenario fails before it ends.
+struct Watch(Option<Child>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What `kubectl gpu migration --watch` printed once it ended on its own (the migration complete)
+/// within 30 s; an error with its output otherwise.
+async fn watch_ended(mut watch: Child) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watch.try_wait()?.is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if watch.try_wait()?.is_none() {
+        watch.kill()?;
+    }
+    let out = watch.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl gpu migration --watch did not end with the migration ({}): {text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(text)
+}
+
+/// Whether the watch showed `node` handing over to `mode` and ended with every GPU node served by
+/// the plane it wants.
+fn watch_showed(output: &str, node: &str, mode: &str) -> bool {
+    let handing_over = output.lines().any(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        cols.first() == Some(&node)
+            && cols.get(2) == Some(&mode)
+            && (l.contains("draining") || l.contains("waiting for plane"))
+    });
+    let last = output.lines().last().unwrap_or_default();
+    handing_over
+        && last.contains("GPU nodes served by the plane they want")
+        && last.contains("the migration is complete")
 }
 
 #[tokio::test]
@@ -187,7 +254,7 @@ async fn both_gpu_nodes_move_between_planes_one_at_a_time_under_a_pdb_and_a_repl
     for mode in ["device-plugin", "dra"] {
         let watched = cluster
             .step(
-                &format!("both nodes handed over to {mode}, one at a time, a replica running throughout, never both planes on a node, both replicas evicted and replaced"),
+                &format!("both nodes handed over to {mode}, one at a time, a replica running throughout, never both planes on a node, both replicas evicted and replaced; kubectl gpu migration --watch showed each node's hand-over and ended when both were done"),
                 H100_NODE,
                 async {
                     let watched = hand_over(&cluster, &guard, mode).await?;
@@ -198,6 +265,12 @@ async fn both_gpu_nodes_move_between_planes_one_at_a_time_under_a_pdb_and_a_repl
                             && watched.replaced == 2,
                         "{watched:?}"
                     );
+                    anyhow::ensure!(
+                        NODES.iter().all(|n| watch_showed(&watched.watch_output, n, mode)),
+                        "kubectl gpu migration --watch printed:\n{}",
+                        watched.watch_output
+                    );
+                    eprintln!("{}", watched.watch_output);
                     Ok(watched)
                 },
             )
