@@ -67,6 +67,14 @@ pub fn device_plugin(
         .cloned()
         .unwrap_or_default(),
     );
+    let ports = metrics_ports(METRICS_ENDPOINT, &dp.env);
+    // Readiness is served beside the metrics, wherever HTTP_ENDPOINT puts them (nowhere when an
+    // admin turns the endpoint off: then there is nothing to probe).
+    let readiness = if ports.as_array().is_some_and(|p| !p.is_empty()) {
+        json!({"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5})
+    } else {
+        Value::Null
+    };
     let container = json!({
         "name": "nvidia-device-plugin",
         "image": image,
@@ -75,8 +83,8 @@ pub fn device_plugin(
         "env": env_list,
         "securityContext": {"privileged": true},
         "resources": resources(&dp.resources),
-        "ports": metrics_ports(METRICS_ENDPOINT, &dp.env),
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 5},
+        "ports": ports,
+        "readinessProbe": readiness,
         "volumeMounts": [
             {"name": "device-plugins", "mountPath": device_plugins},
             {"name": "cdi", "mountPath": paths::CDI_ROOT},

@@ -218,6 +218,39 @@ fn the_device_plugin_planes_validator_runs_a_validation_pod_on_its_nodes() {
     );
 }
 
+#[test]
+fn the_device_plugins_readiness_probe_follows_its_http_endpoint() {
+    let probe = |env: Value| {
+        let d = render(
+            &spec(json!({"devicePlugin": {"env": env}})),
+            ClusterFacts::default(),
+        );
+        let container = device_plugin_pod(&d)["spec"]["containers"][0].clone();
+        (
+            container["ports"].clone(),
+            container["readinessProbe"].clone(),
+        )
+    };
+    let (ports, readiness) = probe(json!([]));
+    assert_eq!(ports, json!([{"name": "http", "containerPort": 8080}]));
+    assert_eq!(
+        readiness["httpGet"],
+        json!({"path": "/readyz", "port": "http"})
+    );
+    let (ports, readiness) = probe(json!([{"name": "HTTP_ENDPOINT", "value": "0.0.0.0:9091"}]));
+    assert_eq!(ports, json!([{"name": "http", "containerPort": 9091}]));
+    assert_eq!(
+        readiness["httpGet"]["port"], "http",
+        "the moved port, by name"
+    );
+    let (ports, readiness) = probe(json!([{"name": "HTTP_ENDPOINT", "value": ""}]));
+    assert_eq!(
+        (ports, readiness),
+        (json!([]), Value::Null),
+        "nothing to probe"
+    );
+}
+
 fn device_plugin_pod(d: &Desired) -> Value {
     let ds = d
         .objects
