@@ -16,6 +16,28 @@ fn answered(cases: &[(&str, String, &str)]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `kubectl auth can-i VERB RESOURCE [SCOPE...]` answers with `kubeconfig`'s identity, for
+/// each (verb, resource): `VERB RESOURCE=yes|no`. `scope` gives the flags a resource is asked in
+/// (a namespace, `-A`).
+fn can_i(
+    cluster: &RealNodes,
+    kubeconfig: &std::path::Path,
+    asks: &[(&str, &str)],
+    scope: impl Fn(&str) -> Vec<&'static str>,
+) -> anyhow::Result<Vec<String>> {
+    let mut said = Vec::new();
+    for (verb, resource) in asks {
+        let mut ask = vec!["auth", "can-i", verb, resource];
+        ask.extend(scope(resource));
+        let answer = cluster.kubectl_as(kubeconfig, &ask)?;
+        said.push(format!(
+            "{verb} {resource}={}",
+            answer.lines().next().unwrap_or_default()
+        ));
+    }
+    Ok(said)
+}
+
 #[tokio::test]
 #[ignore = "needs real nodes: make test-real-nodes runs it"]
 async fn the_discovery_agents_own_token_may_change_only_gpu_labels_of_its_node()
@@ -135,14 +157,11 @@ async fn the_operator_and_labeler_tokens_hold_what_their_roles_grant_and_no_more
                         "{.spec.template.spec.serviceAccountName}",
                     )?;
                     let kubeconfig = cluster.sa_kubeconfig(&sa, None)?;
-                    for (verb, resource) in asks {
-                        let mut ask = vec!["auth", "can-i", verb, resource];
-                        if resource != "nodes" {
-                            ask.extend(["-n", OPERATOR_NS]);
-                        }
-                        let answer = cluster.kubectl_as(&kubeconfig, &ask)?;
-                        let answer = answer.lines().next().unwrap_or_default().to_owned();
-                        said.push(format!("{deployment} {verb} {resource}={answer}"));
+                    let in_namespace = |resource: &str| {
+                        if resource == "nodes" { vec![] } else { vec!["-n", OPERATOR_NS] }
+                    };
+                    for answer in can_i(&cluster, &kubeconfig, &asks, in_namespace)? {
+                        said.push(format!("{deployment} {answer}"));
                     }
                 }
                 let said = said.join(", ");
@@ -151,6 +170,45 @@ async fn the_operator_and_labeler_tokens_hold_what_their_roles_grant_and_no_more
                              gpu-operator-node-labeler patch nodes=yes, gpu-operator-node-labeler create daemonsets=no, \
                              gpu-operator-node-labeler get secrets=no",
                     "tokens' permissions: {said}"
+                );
+                Ok(())
+            },
+        )
+        .await
+}
+
+#[tokio::test]
+#[ignore = "needs real nodes: make test-real-nodes runs it"]
+async fn the_dcgm_exporters_token_reads_pods_and_slices_to_name_a_metrics_pod_and_writes_nothing()
+-> anyhow::Result<()> {
+    let cluster = RealNodes::connect().await?;
+    cluster
+        .step(
+            "the DCGM exporter's pod token (its DRA mode maps GPUs to pods through pods and ResourceSlices) may read those cluster-wide and write nothing",
+            L4_NODE,
+            async {
+                let pod = cluster
+                    .operand_pod("app=nvidia-dcgm-exporter-dra", L4_NODE)
+                    .await?;
+                let sa = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.clone())
+                    .unwrap_or_default();
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let kubeconfig = cluster.sa_kubeconfig(&sa, Some(&name))?;
+                let asks = [
+                    ("list", "pods"),
+                    ("watch", "resourceslices.resource.k8s.io"),
+                    ("patch", "pods"),
+                    ("create", "resourceslices.resource.k8s.io"),
+                    ("get", "secrets"),
+                ];
+                let said = can_i(&cluster, &kubeconfig, &asks, |_| vec!["-A"])?.join(", ");
+                ensure!(
+                    said == "list pods=yes, watch resourceslices.resource.k8s.io=yes, patch pods=no, \
+                             create resourceslices.resource.k8s.io=no, get secrets=no",
+                    "the exporter's token ({sa}): {said}"
                 );
                 Ok(())
             },
