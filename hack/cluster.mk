@@ -8,6 +8,9 @@ HACK_K8S_VERSION := v1.37.2
 HACK_K8S_OLDEST := v1.34.12
 HACK_KWOK_VERSION := v0.8.0
 HACK_HELM_VERSION := v4.3.2
+# Prometheus 3.16 (its Go module's v0.316.0): Debian's package is built without Kubernetes service
+# discovery, which the chart's PodMonitors need.
+HACK_PROMETHEUS_VERSION := v0.316.0
 # The real nodes' container runtime (a module of its own: hack/containerd/go.mod).
 HACK_CONTAINERD_VERSION := v2.4.2
 
@@ -33,6 +36,7 @@ HACK_CDIVALIDATE_STAMP := $(HACK_STAMPS)/cdi-validate-$(call hack_key,$(HACK_MOD
 HACK_FIXTURE_STAMP := $(HACK_STAMPS)/fake-dra-plugin-$(call hack_key,$(HACK_MOD) $(wildcard hack/test/fake-dra-plugin/*.go))
 HACK_KWOK_STAMP := $(HACK_STAMPS)/kwok-$(HACK_KWOK_VERSION)
 HACK_HELM_STAMP := $(HACK_STAMPS)/helm-$(HACK_HELM_VERSION)
+HACK_PROMETHEUS_STAMP := $(HACK_STAMPS)/prometheus-$(HACK_PROMETHEUS_VERSION)
 HACK_CONTAINERD_MOD := hack/containerd/go.mod hack/containerd/go.sum
 HACK_CONTAINERD_STAMP := $(HACK_STAMPS)/containerd-$(HACK_CONTAINERD_VERSION)-$(call hack_key,$(HACK_CONTAINERD_MOD))
 HACK_IMAGES := $(CACHE_DIR)/images
@@ -44,7 +48,7 @@ HACK_K8S_LINKS := etcd kube-apiserver kube-controller-manager kube-scheduler kub
 
 .PHONY: images test-images hack-tools hack-k8s-oldest cluster-up cluster-down cluster-status test-cluster test-kubelet-plugin-cluster test-cluster-suites test-real-nodes test-real-nodes-oldest
 
-hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) $(HACK_CONTAINERD_STAMP) $(HACK_IMAGES_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
+hack-tools: $(HACK_K8S_STAMP) $(HACK_MINIKUBELET_STAMP) $(HACK_CDIVALIDATE_STAMP) $(HACK_FIXTURE_STAMP) $(HACK_KWOK_STAMP) $(HACK_HELM_STAMP) $(HACK_PROMETHEUS_STAMP) $(HACK_CONTAINERD_STAMP) $(HACK_IMAGES_STAMP) ## Build the local-cluster tools into $(CACHE_DIR)/bin (only what changed)
 	@for l in $(HACK_K8S_LINKS); do [ -L $(HACK_BIN)/$$l ] || ln -sfn k8s $(HACK_BIN)/$$l; done
 
 $(HACK_K8S_STAMP):
@@ -115,6 +119,13 @@ $(HACK_HELM_STAMP):
 	cd /tmp && env $(HACK_GOENV) GOBIN=$(HACK_BIN) go install -trimpath \
 		-ldflags '-s -w -X helm.sh/helm/v4/internal/version.version=$(HACK_HELM_VERSION)' helm.sh/helm/v4/cmd/helm@$(HACK_HELM_VERSION)
 	@rm -f $(HACK_STAMPS)/helm-* && touch $@
+
+$(HACK_PROMETHEUS_STAMP):
+	@mkdir -p $(HACK_BIN) $(HACK_STAMPS)
+	cd /tmp && env $(HACK_GOENV) GOBIN=$(HACK_BIN) go install \
+		-ldflags '-s -w -X github.com/prometheus/common/version.Version=$(HACK_PROMETHEUS_VERSION)' \
+		github.com/prometheus/prometheus/cmd/prometheus@$(HACK_PROMETHEUS_VERSION)
+	@rm -f $(HACK_STAMPS)/prometheus-* && touch $@
 
 # K8S_VERSION or KUBELET_VERSIONS naming the oldest supported version builds it first.
 cluster-up: hack-tools $(if $(filter $(HACK_K8S_OLDEST),$(K8S_VERSION) $(KUBELET_VERSIONS)),$(HACK_K8S_OLDEST_STAMP)) ## Start the local cluster (NODES fake GPU nodes, default 3; K8S_VERSION, KUBELET_VERSIONS); see hack/README.md

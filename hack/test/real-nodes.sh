@@ -299,6 +299,16 @@ else
   exit 1
 fi
 
+# Prometheus on the cluster, scraping it as kube-prometheus-stack scrapes the chart's PodMonitors and
+# evaluating the chart's alerts, their `for` windows short enough for the scenarios to see them
+# fire (observability::, health::, planes::).
+if CLUSTER_DIR="$CLUSTER_DIR" "$HACK_DIR/prometheus/start.sh" real-gpu-3 \
+  --set prometheusRule.unhealthyFor=20s --set prometheusRule.heldOnDraFor=20s >/dev/null; then
+  pass "Prometheus serving at $(cat "$CLUSTER_DIR/prometheus-url") (in real-gpu-3's network)"
+else
+  fail "Prometheus did not start: $(tail -3 "$CLUSTER_DIR/prometheus/prometheus.log" 2>/dev/null | tr '\n' ' ')"
+fi
+
 # The scenarios of e2e/tests/real_nodes/ on this cluster, one PASS or FAIL line each (see their
 # module docs): what the install guide promises on every GPU node, what each component's token may
 # do, the guide's workloads, the kubelet plugin on a real kubelet (a restart, its metrics, its pod
@@ -307,11 +317,12 @@ fi
 # says the apiserver serves, moving a node between planes (under a running pod, the device plugin's
 # plane: its validator, a lost GPU, time-slicing, a ClusterPolicy), both nodes handed over under a
 # PodDisruptionBudget (watched with `kubectl gpu migration --watch`), an operand's unpullable image
-# in the GPUCluster's status, `kubectl gpu`'s nodes, claims and why, and last (it
+# in the GPUCluster's status, `kubectl gpu`'s nodes, claims and why, the cluster's Prometheus and,
+# after those, the chart's dashboard drawing data from them; and last (it
 # changes the node for good) a GPU and then its driver arriving on the node without one. The subset
 # leaves out CEL selection, the GPUClasses (1.34 serves no shares), of the plugin's scenarios all
 # but the MIG claim, of the planes' all but the switch under a running pod, the hand-over under a
-# PDB, the unpullable image, `kubectl gpu` and the hot-plug. With KEEP_CLUSTER=1 the test stops before the
+# PDB, the unpullable image, `kubectl gpu`, Prometheus's targets, the dashboard and the hot-plug. With KEEP_CLUSTER=1 the test stops before the
 # hot-plug and leaves the cluster up, the chart installed, for running one alone
 # (e2e/run.sh --real-nodes).
 # scenario_verdicts LOG: "NAME ok|FAILED" per test in the output of libtest with --nocapture, where
@@ -337,11 +348,13 @@ run_scenarios() {
   ((ran > 0)) || fail "no real-node scenario ran: $(tail -5 "$log" | tr '\n' ' ')"
 }
 if full; then
-  scenarios=(--skip hotplug::)
+  scenarios=(--skip hotplug:: --skip dashboard::)
 else
   scenarios=(install:: access:: workloads:: sharing:: health:: plugin::a_mig_claim planes::a_switch)
 fi
 run_scenarios "$CLUSTER_DIR/logs/real-node-scenarios.log" "${scenarios[@]}"
+# The dashboard's panels, over the time the scenarios took.
+full && run_scenarios "$CLUSTER_DIR/logs/real-node-dashboard.log" dashboard::
 if [[ -n "${KEEP_CLUSTER:-}" ]]; then
   kept=1
   echo "real-nodes: cluster kept in $CLUSTER_DIR (KUBECONFIG=$KUBECONFIG_FILE)"

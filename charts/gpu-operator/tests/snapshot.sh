@@ -33,7 +33,7 @@ declare -A CASES=(
   [error-bad-mode]="--namespace gpu-operator --set operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE --set operator.env[0].value=DRA"
   [error-device-plugin-mode]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false --set devicePlugin.enabled=false --set operator.env[0].name=DEFAULT_GPU_ALLOCATION_MODE --set operator.env[0].value=device-plugin ${DRA[*]}"
   [device-plugin-mixed]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false --set mig.strategy=mixed --set devicePlugin.env[0].name=HEALTH_RECOVERY_PERIOD --set-string devicePlugin.env[0].value=120 --set devicePlugin.config.sharing.timeSlicing.resources[0].name=nvidia.com/gpu --set devicePlugin.config.sharing.timeSlicing.resources[0].replicas=4 ${DRA[*]}"
-  [prometheus-rule]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false ${GUIDE_MODE[*]} ${DRA[*]} --set prometheusRule.enabled=true --set prometheusRule.additionalLabels.release=kube-prometheus --set gpuCluster.migration.drain=wait"
+  [prometheus-rule]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false ${GUIDE_MODE[*]} ${DRA[*]} --set prometheusRule.enabled=true --set prometheusRule.additionalLabels.release=kube-prometheus --set gpuCluster.migration.drain=wait --set dashboard.enabled=true"
   [error-rootfs]="--namespace gpu-operator --set hostPaths.rootFS=/host"
   [error-partial-image]="--namespace gpu-operator --set gpuCluster.enabled=true --set driver.enabled=false ${DRA[*]} --set gpuCluster.draDriver.repository=example.com/dra"
   [error-typo]="--namespace gpu-operator --set gpuCluster.enable=true"

@@ -11,6 +11,7 @@
 mod guards;
 mod manifests;
 mod planes;
+mod prometheus;
 mod reads;
 
 pub use guards::{Cleanup, SpecEdit};
@@ -18,6 +19,7 @@ pub use manifests::{
     GuidePod, LIST_GPUS, claim_pod, gpu_class, named_claim_pod, resource_pod, sharing_claim,
 };
 pub use planes::{DEVICE_PLUGIN, MODE_LABEL, ModeGuard};
+pub use prometheus::{Prometheus, Sample};
 pub use reads::{gpu_uuids, plugin_ready, pod_ready, readiness_of, ready_on};
 
 use crate::Env;

@@ -1,7 +1,8 @@
 //! GPU health through the real kubelet: faults of the L4 node's NVML (the mock's control file in
 //! the node's own folder, named to the plugin through the GPUCluster as an admin sets env) taint
 //! the device in its slice and reach the kubelet through the plugin's health stream, which shows
-//! them in the pod's status; after the recovery period both are healthy again.
+//! them in the pod's status; after the recovery period both are healthy again. A GPU off the bus
+//! makes the chart's GPUsUnhealthy alert fire in the cluster's Prometheus, and it resolves.
 
 use anyhow::ensure;
 use e2e::eventually;
@@ -171,6 +172,25 @@ async fn an_ecc_error_shows_in_the_pods_status_and_taints_the_device_until_it_re
         )
         .await?;
     drop(cleanup);
+    // An ECC error is over within the recovery period; a GPU off the bus stays out of service
+    // until it answers again, long enough for the alert's window.
+    let prometheus = cluster.prometheus()?;
+    cluster.set_l4_faults(r#"{"lost_gpus": [1]}"#)?;
+    cluster
+        .step(
+            "Prometheus: a GPU off the bus makes the chart's GPUsUnhealthy alert fire for the node (health lost) once its window (20 s here) passes",
+            L4_NODE,
+            prometheus.wait_alert("GPUsUnhealthy", L4_NODE, true, Duration::from_secs(120)),
+        )
+        .await?;
+    cluster.set_l4_faults("{}")?;
+    cluster
+        .step(
+            "Prometheus: GPUsUnhealthy resolves once the GPU answers again",
+            L4_NODE,
+            prometheus.wait_alert("GPUsUnhealthy", L4_NODE, false, Duration::from_secs(90)),
+        )
+        .await?;
     cluster
         .step(
             "GPUClass l4s gone with its DeviceClass; the GPUCluster's plugin env set back, every GPU node's plugin rolled and publishing",

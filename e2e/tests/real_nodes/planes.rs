@@ -105,6 +105,14 @@ async fn a_switch_waits_for_the_pods_holding_the_old_planes_gpus_and_the_device_
             }),
         )
         .await?;
+    let prometheus = cluster.prometheus()?;
+    cluster
+        .step(
+            "Prometheus: the chart's GPUNodeHeldOnDra alert fires for the node once the hold outlasts its window (20 s here)",
+            L4_NODE,
+            prometheus.wait_alert("GPUNodeHeldOnDra", L4_NODE, true, Duration::from_secs(120)),
+        )
+        .await?;
 
     cluster.delete("pod", &["switch"])?;
     cluster
@@ -132,6 +140,13 @@ async fn a_switch_waits_for_the_pods_holding_the_old_planes_gpus_and_the_device_
                 }
             })
             .await? },
+        )
+        .await?;
+    cluster
+        .step(
+            "Prometheus: GPUNodeHeldOnDra resolves",
+            L4_NODE,
+            prometheus.wait_alert("GPUNodeHeldOnDra", L4_NODE, false, Duration::from_secs(60)),
         )
         .await?;
     cluster
