@@ -49,12 +49,38 @@ pub struct NodeStep {
     pub from: Option<String>,
     /// The plane it wants (its allocation-mode label, set by the plane policy or an admin).
     pub to: String,
-    /// `draining`, `waiting for plane`, `queued` or `rolled back`.
-    pub step: String,
+    /// Its step.
+    pub step: Step,
     /// Since when it is on this step, in Unix seconds (hand-overs record it).
     pub since: Option<i64>,
     /// What holds it, for people.
     pub blocked_by: Vec<String>,
+}
+
+/// A step of a node not yet served by the plane it wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Step {
+    /// Cordoned; the pods holding the old plane's GPUs are leaving.
+    Draining,
+    /// The plane moved; its validator has not passed yet.
+    WaitingForPlane,
+    /// Waiting for a free slot, or for a paused migration.
+    Queued,
+    /// Taken back to its old plane after a failed hand-over.
+    RolledBack,
+}
+
+impl Step {
+    /// How the table and the summary say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Draining => "draining",
+            Step::WaitingForPlane => "waiting for plane",
+            Step::Queued => "queued",
+            Step::RolledBack => "rolled back",
+        }
+    }
 }
 
 /// The migration's progress as the nodes and the GPUCluster record it.
@@ -99,13 +125,13 @@ pub fn progress(cluster: &Cluster) -> Progress {
             node: name.clone(),
             from: current.clone(),
             to: to.clone(),
-            step: String::new(),
+            step: Step::Queued,
             since: None,
             blocked_by: Vec::new(),
         };
         match handover(node) {
             Some(h) if h.phase == Phase::Draining => {
-                step.step = "draining".into();
+                step.step = Step::Draining;
                 step.from = Some(h.from.to_string());
                 step.since = Some(h.since);
                 step.blocked_by = holders(cluster, &name, h.from);
@@ -117,7 +143,7 @@ pub fn progress(cluster: &Cluster) -> Progress {
                 }
             }
             Some(h) if h.phase == Phase::WaitingForPlane => {
-                step.step = "waiting for plane".into();
+                step.step = Step::WaitingForPlane;
                 step.from = Some(h.from.to_string());
                 step.since = Some(h.since);
                 step.blocked_by = vec![format!(
@@ -126,7 +152,7 @@ pub fn progress(cluster: &Cluster) -> Progress {
                 )];
             }
             Some(h) => {
-                step.step = "rolled back".into();
+                step.step = Step::RolledBack;
                 step.since = Some(h.since);
                 step.blocked_by = vec![
                     h.rollback
@@ -136,7 +162,7 @@ pub fn progress(cluster: &Cluster) -> Progress {
                 ];
             }
             None if current.as_deref() != Some(to.as_str()) => {
-                step.step = "queued".into();
+                step.step = Step::Queued;
                 step.blocked_by = vec![match &paused {
                     Some(why) => format!("the migration is paused: {why}"),
                     None => "waiting for a free slot (spec.migration.maxUnavailable)".into(),
@@ -196,7 +222,7 @@ fn holds_dra_claim(cluster: &Cluster, pod: &Pod) -> bool {
 /// The headline: nodes done of all, and how many want each plane.
 pub fn summary(p: &Progress) -> String {
     let wanted: Vec<String> = p.wanted.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let count = |step: &str| p.pending.iter().filter(|s| s.step == step).count();
+    let count = |step: Step| p.pending.iter().filter(|s| s.step == step).count();
     let head = format!(
         "{} of {} GPU nodes served by the plane they want ({})",
         p.done,
@@ -213,9 +239,9 @@ pub fn summary(p: &Progress) -> String {
     }
     format!(
         "{head}; {} handing over, {} queued, {} rolled back{not_ready}",
-        count("draining") + count("waiting for plane"),
-        count("queued"),
-        count("rolled back")
+        count(Step::Draining) + count(Step::WaitingForPlane),
+        count(Step::Queued),
+        count(Step::RolledBack)
     )
 }
 
@@ -227,16 +253,16 @@ pub fn table_rows(p: &Progress, now: i64) -> Vec<Vec<Cell>> {
     p.pending
         .iter()
         .map(|s| {
-            let tone = match s.step.as_str() {
-                "rolled back" => Tone::Bad,
-                "queued" => Tone::Plain,
-                _ => Tone::Warn,
+            let tone = match s.step {
+                Step::RolledBack => Tone::Bad,
+                Step::Queued => Tone::Plain,
+                Step::Draining | Step::WaitingForPlane => Tone::Warn,
             };
             vec![
                 Cell::plain(s.node.clone()),
                 Cell::plain(s.from.clone().unwrap_or_default()),
                 Cell::plain(s.to.clone()),
-                Cell::new(s.step.clone(), tone),
+                Cell::new(s.step.as_str(), tone),
                 Cell::plain(s.since.map(|t| age(now - t)).unwrap_or_default()),
                 Cell::plain(s.blocked_by.join("; ")),
             ]
@@ -296,18 +322,18 @@ mod tests {
         let p = progress(&cluster);
         assert_eq!((p.done, p.nodes), (2, 6));
         assert_eq!(p.not_ready, ["f"]);
-        let steps: Vec<(&str, &str)> = p
+        let steps: Vec<(&str, Step)> = p
             .pending
             .iter()
-            .map(|s| (s.node.as_str(), s.step.as_str()))
+            .map(|s| (s.node.as_str(), s.step))
             .collect();
         assert_eq!(
             steps,
             [
-                ("a", "draining"),
-                ("b", "waiting for plane"),
-                ("c", "queued"),
-                ("e", "rolled back")
+                ("a", Step::Draining),
+                ("b", Step::WaitingForPlane),
+                ("c", Step::Queued),
+                ("e", Step::RolledBack)
             ]
         );
         assert_eq!(p.pending[0].blocked_by, ["pod ns/trainer holds a dra GPU"]);
