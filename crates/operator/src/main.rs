@@ -133,8 +133,10 @@ async fn cleanup(timeout: Duration) -> Result<(), Box<dyn std::error::Error>> {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = Metrics::default();
+    let fleet = operator::fleet::FleetMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
+    fleet.register(&mut registry);
     let settings = Settings {
         namespace: args.namespace.clone(),
         images: DefaultImages {
@@ -155,14 +157,15 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     process
         .run(registry, |client, shutdown| async move {
             // The GPUCluster and GPUClass controllers share what the apiserver serves of DRA; the
-            // GPUClass controller and the pending-pod explainer live as long as the GPUCluster
-            // controller, which ends on shutdown.
+            // GPUClass controller, the pending-pod explainer and the fleet gauges live as long as
+            // the GPUCluster controller, which ends on shutdown.
             let features = Arc::new(FeatureCache::new(client.clone()));
             let events = || EventPublisher::new(client.clone(), controller::reporter());
             tokio::select! {
                 () = controller::run(client.clone(), settings, metrics, features.clone(), shutdown.wait()) => {}
                 () = operator::classes::run(client.clone(), features, events()) => {}
                 () = operator::pending::run(client.clone(), events()) => {}
+                () = operator::fleet::run(client.clone(), fleet) => {}
             }
         })
         .await

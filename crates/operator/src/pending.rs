@@ -7,18 +7,17 @@
 
 use std::collections::HashSet;
 
-use api::GPUClass;
-use api::contract::DRIVER_NAME;
-use api::pending::{World, explain, unschedulable, waits_for_devices};
+use api::pending::{explain, unschedulable, waits_for_devices};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::ListParams;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Resource, ResourceExt};
 use service::events::EventPublisher;
+
+use crate::devices::Devices;
 
 /// Watches unscheduled Pending pods and tells each one that waits for our devices why, once.
 pub async fn run(client: kube::Client, events: EventPublisher) {
@@ -64,35 +63,8 @@ async fn tell(client: &kube::Client, events: &EventPublisher, pod: &Pod) -> kube
     if !waits_for_devices(&pod_claims) {
         return Ok(false);
     }
-    let all = ListParams::default();
-    let device_classes: Vec<String> = Api::<DeviceClass>::all(client.clone())
-        .list(&all)
-        .await?
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    // Without the GPUClass CRD (or its read failing) only the built-in classes are ours.
-    let gpu_classes = Api::<GPUClass>::all(client.clone())
-        .list(&all)
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    let slices = Api::<ResourceSlice>::all(client.clone())
-        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER_NAME}")))
-        .await?
-        .items;
-    let claims = Api::<ResourceClaim>::all(client.clone())
-        .list(&all)
-        .await?
-        .items;
-    let world = World {
-        device_classes: &device_classes,
-        gpu_classes: &gpu_classes,
-        slices: &slices,
-        claims: &claims,
-    };
-    let Some(why) = explain(&pod_claims, world) else {
+    let devices = Devices::read(client).await?;
+    let Some(why) = explain(&pod_claims, devices.world()) else {
         return Ok(false);
     };
     let event = Event {
