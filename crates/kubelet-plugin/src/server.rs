@@ -7,7 +7,13 @@ use crate::types::DraBackend;
 use node_agent::sockets::{BoundSocket, SocketError, bind_private, private_dir};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tonic::transport::Server;
+
+/// How long the servers may take to close their connections once shutdown begins. A kubelet that
+/// keeps a connection open past it does not keep the plugin from exiting (withdrawing its slices,
+/// marking its GPUs unserved) before its pod's grace period ends.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Where the two sockets go.
 #[derive(Debug, Clone)]
@@ -109,13 +115,27 @@ impl Sockets {
                 crate::grpc_uds::incoming(reg_listener),
                 stopped(stop_rx),
             );
-        let trigger = async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        };
         let dra_path = self.dra.path().to_path_buf();
         let reg_path = self.registration.path().to_path_buf();
-        let ((), dra_result, reg_result) = tokio::join!(trigger, dra_server, reg_server);
+        let servers = async { tokio::join!(dra_server, reg_server) };
+        tokio::pin!(servers);
+        let (dra_result, reg_result) = tokio::select! {
+            // Only a failure ends them before shutdown.
+            ended = &mut servers => ended,
+            () = shutdown => {
+                let _ = stop_tx.send(true);
+                match tokio::time::timeout(SHUTDOWN_GRACE, &mut servers).await {
+                    Ok(ended) => ended,
+                    Err(_) => {
+                        tracing::warn!(
+                            grace = ?SHUTDOWN_GRACE,
+                            "the kubelet kept its connections open past the shutdown grace; closing them"
+                        );
+                        (Ok(()), Ok(()))
+                    }
+                }
+            }
+        };
         dra_result.map_err(|source| ServeError::Transport {
             path: dra_path,
             source,
