@@ -421,3 +421,61 @@ impl Served {
         self.server.await.unwrap().unwrap();
     }
 }
+
+/// Takes every prepare and never answers it (a kubelet's call that outlives the plugin).
+struct Stuck(Arc<tokio::sync::Notify>);
+
+impl DraBackend for Stuck {
+    async fn prepare(&self, _claims: Vec<ClaimRef>) -> PrepareResults {
+        self.0.notify_one();
+        std::future::pending().await
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
+    }
+}
+
+#[tokio::test]
+async fn shutdown_ends_while_the_kubelet_holds_a_call_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = SocketPaths::new(
+        &dir.path().join("plugins_registry"),
+        &dir.path().join("plugins"),
+    );
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let registration = RegistrationService::new("gpu.nvidia.com", &paths.dra.to_string_lossy());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(Sockets::bind(&paths).unwrap().serve(
+        registration,
+        DraService::new(Arc::new(Stuck(entered.clone()))),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut client =
+        dra_v1::dra_plugin_client::DraPluginClient::new(connect_unix(&paths.dra).await.unwrap());
+    let call = tokio::spawn(async move {
+        client
+            .node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
+                claims: vec![dra_v1::Claim {
+                    namespace: "ns".into(),
+                    uid: "u1".into(),
+                    name: "held".into(),
+                }],
+            })
+            .await
+    });
+    entered.notified().await;
+
+    stop.send(()).unwrap();
+    // A graceful shutdown alone waits for the call for ever; the plugin gives it a grace period
+    // and goes on to withdraw and exit within its pod's termination grace.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), server).await;
+    ended
+        .expect("the servers stop within the shutdown grace, not when the call ends")
+        .unwrap()
+        .unwrap();
+    assert!(!paths.dra.exists(), "DRA socket removed on shutdown");
+    call.abort();
+}
