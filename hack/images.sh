@@ -18,17 +18,19 @@
 #
 # The glibc the binaries link against comes from this host (Debian 12, as distroless cc-debian12).
 # PROFILE=release (default) or debug selects the cargo profile; IMAGES_OUT another output folder.
+# For an earlier release (hack/release-images.sh): SOURCE_DIR builds that source tree instead of this
+# one, IMAGE_TAG tags its images instead of the chart's appVersion, PRODUCT_ONLY=1 skips the stand-ins.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(dirname "$HACK_DIR")"
-cd "$REPO_DIR"
+cd "${SOURCE_DIR:-$REPO_DIR}"
 CACHE_DIR="${CACHE_DIR:-$HOME/.cache/gpu-operator-rs}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
 PROFILE="${PROFILE:-release}"
 BIN_DIR="$CACHE_DIR/bin"
 OUT="${IMAGES_OUT:-$CACHE_DIR/images}"
-APP_VERSION="$(sed -n 's/^appVersion: *//p' charts/gpu-operator/Chart.yaml | tr -d '"')"
+APP_VERSION="${IMAGE_TAG:-$(sed -n 's/^appVersion: *//p' charts/gpu-operator/Chart.yaml | tr -d '"')}"
 REPO=ghcr.io/gpu-operator-rs
 # Images NVIDIA builds, by the names the operator and the chart default to.
 NVIDIA_STANDINS=(
@@ -39,12 +41,12 @@ NVIDIA_STANDINS=(
 STANDIN_NAMES=(bash sh dcgm-exporter nv-hostengine compute-domain-kubelet-plugin compute-domain-controller)
 BUSYBOX_TOOLS=(sh cat ls env echo sleep test grep stat find head)
 
-[[ -x "$BIN_DIR/oci-image" && -x "$BIN_DIR/standin" ]] || make --no-print-directory hack-tools
+[[ -x "$BIN_DIR/oci-image" && -x "$BIN_DIR/standin" ]] || make --no-print-directory -C "$REPO_DIR" hack-tools
 [[ -x /bin/busybox ]] || { echo "images: /bin/busybox is missing: run hack/ci-bootstrap.sh" >&2; exit 1; }
 mkdir -p "$OUT"
 
-cargo_flags=(--locked -p operator -p node-labeler -p validator -p kubelet-plugin -p device-plugin -p node-discovery
-  -p nvidia-smi)
+cargo_flags=(--locked -p operator -p node-labeler -p validator -p kubelet-plugin -p device-plugin -p node-discovery)
+[[ -n "${PRODUCT_ONLY:-}" ]] || cargo_flags+=(-p nvidia-smi)
 [[ "$PROFILE" == release ]] && cargo_flags+=(--release)
 echo "images: building the binaries (cargo, $PROFILE)"
 cargo build -q "${cargo_flags[@]}"
@@ -93,6 +95,11 @@ image gpu-kubelet-plugin.tar -name "$REPO/gpu-kubelet-plugin:$APP_VERSION" -entr
   -add "$TARGET/gpu-device-plugin:/usr/local/bin/gpu-device-plugin:0755" \
   -add "$TARGET/gpu-node-discovery:/usr/local/bin/gpu-node-discovery:0755" \
   $(glibc_args "$TARGET/gpu-kubelet-plugin" "$TARGET/gpu-device-plugin" "$TARGET/gpu-node-discovery") $(base_args)
+
+if [[ -n "${PRODUCT_ONLY:-}" ]]; then
+  rm -f "$OUT/.passwd" "$OUT/.group"
+  exit 0
+fi
 
 # workload_args: a plain Linux userland for the workload stand-ins: busybox's shell and tools and the
 # C library a binary of this host (the driver's nvidia-smi stand-in, injected by CDI) needs.
