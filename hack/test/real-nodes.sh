@@ -284,6 +284,15 @@ k taint node gpu-node-0 gpu-operator-rs.dev/fake=true:NoSchedule >/dev/null
 images="$CLUSTER_DIR/images"
 PROFILE=debug IMAGES_OUT="$images" "$HACK_DIR/images.sh" >/dev/null
 IMAGES_DIR="$images" "$HACK_DIR/cluster" load-images
+# The earlier releases the upgrade scenario goes down to and back from (hack/releases), their
+# images beside today's: built once into $CACHE_DIR/releases, kept there between runs.
+if full; then
+  releases="$("$HACK_DIR/release-images.sh" 2>"$CLUSTER_DIR/logs/release-images.log")" ||
+    { fail "building the earlier releases: $(tail -5 "$CLUSTER_DIR/logs/release-images.log" | tr '\n' ' ')"; exit 1; }
+  for release in $releases; do
+    IMAGES_DIR="$release/images" "$HACK_DIR/cluster" load-images
+  done
+fi
 GNS=gpu-operator
 t0=$SECONDS
 "$BIN_DIR/helm" --kubeconfig "$KUBECONFIG_FILE" upgrade --install gpu-operator "$REPO_DIR/charts/gpu-operator" \
@@ -318,11 +327,12 @@ fi
 # plane: its validator, a lost GPU, time-slicing, a ClusterPolicy), both nodes handed over under a
 # PodDisruptionBudget (watched with `kubectl gpu migration --watch`), an operand's unpullable image
 # in the GPUCluster's status, `kubectl gpu`'s nodes, claims and why, the cluster's Prometheus and,
-# after those, the chart's dashboard drawing data from them; and last (it
+# after those, the chart's dashboard drawing data from them, then `helm upgrade` down to each
+# earlier release of hack/releases and back under running GPU pods; and last (it
 # changes the node for good) a GPU and then its driver arriving on the node without one. The subset
 # leaves out CEL selection, the GPUClasses (1.34 serves no shares), of the plugin's scenarios all
 # but the MIG claim, of the planes' all but the switch under a running pod, the hand-over under a
-# PDB, the unpullable image, `kubectl gpu`, Prometheus's targets, the dashboard and the hot-plug. With KEEP_CLUSTER=1 the test stops before the
+# PDB, the unpullable image, `kubectl gpu`, Prometheus's targets, the dashboard, the upgrade and the hot-plug. With KEEP_CLUSTER=1 the test stops before the
 # hot-plug and leaves the cluster up, the chart installed, for running one alone
 # (e2e/run.sh --real-nodes).
 # scenario_verdicts LOG: "NAME ok|FAILED" per test in the output of libtest with --nocapture, where
@@ -348,13 +358,15 @@ run_scenarios() {
   ((ran > 0)) || fail "no real-node scenario ran: $(tail -5 "$log" | tr '\n' ' ')"
 }
 if full; then
-  scenarios=(--skip hotplug:: --skip dashboard::)
+  scenarios=(--skip hotplug:: --skip dashboard:: --skip upgrade::)
 else
   scenarios=(install:: access:: workloads:: sharing:: health:: plugin::a_mig_claim planes::a_switch)
 fi
 run_scenarios "$CLUSTER_DIR/logs/real-node-scenarios.log" "${scenarios[@]}"
 # The dashboard's panels, over the time the scenarios took.
 full && run_scenarios "$CLUSTER_DIR/logs/real-node-dashboard.log" dashboard::
+# The product's own upgrade: helm down to each earlier release and back under running GPU pods.
+full && run_scenarios "$CLUSTER_DIR/logs/real-node-upgrade.log" upgrade::
 if [[ -n "${KEEP_CLUSTER:-}" ]]; then
   kept=1
   echo "real-nodes: cluster kept in $CLUSTER_DIR (KUBECONFIG=$KUBECONFIG_FILE)"

@@ -7,7 +7,7 @@
 //! attributes (`selection`), GPUClasses: extended resources and shares of a card (`classes`), a
 //! node moved between DRA and the device plugin and that plane's behaviours (`planes`), two nodes
 //! handed over under a PodDisruptionBudget (`handover`), an operand's failure in the GPUCluster's
-//! status (`status`), `kubectl gpu`'s views of all that (`kubectl_gpu`), the cluster as a Prometheus scraping the chart's PodMonitors sees it (`observability`), the chart's dashboard drawing data after them all (`dashboard`, run after the others) and a GPU arriving on a running node (`hotplug`, last: it changes the node for
+//! status (`status`), `kubectl gpu`'s views of all that (`kubectl_gpu`), the cluster as a Prometheus scraping the chart's PodMonitors sees it (`observability`), the chart's dashboard drawing data after them all (`dashboard`, run after the others), the product upgraded from earlier releases and back under running claims (`upgrade`, after that) and a GPU arriving on a running node (`hotplug`, last: it changes the node for
 //! good). `hack/test/real-nodes.sh` brings the cluster up, installs the chart and runs them in
 //! `make test` (`e2e/run.sh --real-nodes`); each leaves the cluster as it found it.
 //!
@@ -28,6 +28,7 @@ mod plugin;
 mod selection;
 mod sharing;
 mod status;
+mod upgrade;
 mod workloads;
 
 use anyhow::{bail, ensure};
