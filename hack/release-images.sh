@@ -22,16 +22,17 @@ else
 fi
 
 for commit in "${commits[@]}"; do
-  full="$(git -C "$REPO_DIR" rev-parse --verify --quiet "$commit^{commit}")" || {
-    echo "release-images: $commit is not a commit of this repository (a shallow clone? fetch its history)" >&2
-    exit 1
-  }
-  short="${full:0:7}"
+  [[ "$commit" =~ ^[0-9a-f]{7,40}$ ]] || { echo "release-images: $commit is not a commit hash (7 digits or more)" >&2; exit 1; }
+  short="${commit:0:7}"
   out="$RELEASES_DIR/$short"
   if [[ -s "$out/tag" ]]; then
     echo "$out"
     continue
   fi
+  full="$(git -C "$REPO_DIR" rev-parse --verify --quiet "$commit^{commit}")" || {
+    echo "release-images: $commit is not a commit of this clone (a shallow clone? fetch its history)" >&2
+    exit 1
+  }
   rm -rf "$out"
   mkdir -p "$out/src"
   git -C "$REPO_DIR" archive "$full" | tar -x -C "$out/src"
