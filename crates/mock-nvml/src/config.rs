@@ -3,7 +3,7 @@
 //! The control file is JSON, found at `$MOCK_NVML_CONFIG` or else as `mock-nvml.json` next to the
 //! loaded library (so each fake driver root can carry its own), or else appended to the library
 //! file itself (see [`EMBEDDED_MARKER`]). Every field is optional:
-//! `{"profile": "h100-sxm5-80gb", "gpu_count": 2, "visible_dev_dir": "/dev", "faults":
+//! `{"profile": "h100-sxm5-80gb", "gpu_count": 2, "driver_version": "580.95.05", "visible_dev_dir": "/dev", "faults":
 //! {"init_error": "driver-not-loaded", "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}],
 //! "ecc_events": [{"gpu": 1, "kind": "double-bit"}]}}`.
 //! Env overrides: `MOCK_NVML_PROFILE`, `MOCK_NVML_GPU_COUNT`, `MOCK_NVML_INIT_ERROR`,
@@ -49,6 +49,10 @@ pub struct Config {
     /// How many GPUs to serve; the profile's default when absent.
     #[serde(default)]
     pub gpu_count: Option<u32>,
+    /// The driver version NVML reports (`580.95.05`); the profile's when absent. A fake driver
+    /// root of another version says it here.
+    #[serde(default)]
+    pub driver_version: Option<String>,
     /// Serve only the GPUs whose `<dir>/nvidia<minor>` exists, as the driver shows a container
     /// only the GPUs whose device nodes it was given (e.g. `/dev` on a real node of the local
     /// cluster); all GPUs when absent.

@@ -323,3 +323,30 @@ fn many_threads_read_at_once() {
         }
     });
 }
+
+#[test]
+fn a_driver_root_of_another_version_reports_it() {
+    let driver_version = |cfg: Config| {
+        let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(state::init_with(cfg), nvmlReturn_enum_NVML_SUCCESS);
+        let _session = Session(turn);
+        let mut buf = [0 as c_char; 80];
+        // SAFETY: a buffer of the length given.
+        let ret = unsafe { nvmlSystemGetDriverVersion(buf.as_mut_ptr(), buf.len() as c_uint) };
+        assert_eq!(ret, nvmlReturn_enum_NVML_SUCCESS);
+        // SAFETY: NUL-terminated by the call.
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let profile = Config {
+        profile: Some("l4".into()),
+        ..Config::default()
+    };
+    assert_eq!(driver_version(profile.clone()), "580.95.05");
+    let newer = Config {
+        driver_version: Some("590.48.01".into()),
+        ..profile
+    };
+    assert_eq!(driver_version(newer), "590.48.01");
+}

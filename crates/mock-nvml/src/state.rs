@@ -178,7 +178,10 @@ fn session_from(cfg: Config, control: Option<PathBuf>, settings: Store) -> Resul
         .profile
         .clone()
         .unwrap_or_else(|| profile::DEFAULT_PROFILE.to_owned());
-    let profile = profile::load(&reference).map_err(|e| complain(&e))?;
+    let mut profile = profile::load(&reference).map_err(|e| complain(&e))?;
+    if let Some(version) = &cfg.driver_version {
+        profile.driver_version.clone_from(version);
+    }
     let count = cfg.gpu_count.unwrap_or(profile.default_gpu_count);
     let mut topology = Topology::build(profile, count).map_err(|e| complain(&e))?;
     if let Some(dir) = &cfg.visible_dev_dir {
