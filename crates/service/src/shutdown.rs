@@ -32,6 +32,21 @@ impl Shutdown {
         Shutdown(rx)
     }
 
+    /// This handle, resolving also once `trigger` does (a process that must stop on its own, as
+    /// a node agent whose driver changed under it).
+    pub fn or(self, trigger: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let signalled = self.wait();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = signalled => {}
+                () = trigger => {}
+            }
+            let _ = tx.send(true);
+        });
+        Shutdown(rx)
+    }
+
     /// Resolves once shutdown was requested.
     pub fn wait(&self) -> impl std::future::Future<Output = ()> + Send + Sync + use<> {
         let mut rx = self.0.clone();
@@ -45,5 +60,37 @@ async fn first_of(mut term: Signal, mut int: Signal) {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
         _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_trigger_shuts_down_every_holder_and_a_pending_one_never_does() {
+        let (fire, fired) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = Shutdown::on_signal().or(async move {
+            let _ = fired.await;
+        });
+        let holder = shutdown.clone();
+        let never = Shutdown::on_signal().or(std::future::pending());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), holder.wait())
+                .await
+                .is_err(),
+            "resolved before the trigger"
+        );
+        fire.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), holder.wait())
+            .await
+            .expect("the trigger shuts down");
+        shutdown.wait().await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), never.wait())
+                .await
+                .is_err()
+        );
     }
 }

@@ -25,6 +25,7 @@ use api::contract::DRIVER_NAME;
 use api::gpuclass::variants::SharedOffer;
 use gpu_discovery::DriverPaths;
 use gpu_discovery::{InitMode, NvmlSession, UnreadableGpu, root};
+use node_agent::driver_change::{self, DriverChange, LibraryFile};
 use node_agent::gpu_health::{self, Wording};
 use node_agent::sockets::private_dir;
 use node_events::{DraHealth, NodeEvents, report_start};
@@ -188,6 +189,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ..table
     };
     tracing::info!(devices = table.devices.len(), driver = %table.driver_version, consumable_shares = ?table.consumable_shares, "GPUs found");
+    let loaded_library = LibraryFile::read(&library);
     for gpu in &unreadable {
         tracing::error!(gpu = gpu.index, lost = gpu.lost, error = %gpu.error, "GPU left out: NVML could not read it");
     }
@@ -285,7 +287,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         DraHealth {
             view: view_tx,
-            recorder: events,
+            recorder: events.clone(),
             table: Arc::clone(&table),
             metrics,
         },
@@ -299,7 +301,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         offers_tx,
     ));
 
-    let shutdown = service::shutdown::Shutdown::on_signal();
+    // A driver changed under the plugin ends it, so that it starts again on the new one.
+    let driver_changed = watch_driver(&roots, loaded_library, events.clone());
+    let shutdown = service::shutdown::Shutdown::on_signal().or({
+        let mut changed = driver_changed.clone();
+        async move {
+            if changed.wait_for(Option::is_some).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    });
     let paths = SocketPaths::new(
         &config.kubelet_registrar_directory_path,
         &config.kubelet_plugins_directory_path,
@@ -414,6 +425,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     // The PhysicalGPUs say that nothing serves them now (bounded by physical_gpu_objects::FINAL_WRITE).
     let _ = physical_gpus.await;
+    if let Some(change) = driver_changed.borrow().clone() {
+        anyhow::bail!("{change}: exiting, to start again on the new driver");
+    }
     tracing::info!("sockets removed; bye");
     Ok(())
+}
+
+/// Watches the driver root for a driver other than the one loaded (node_agent::driver_change):
+/// once one is there, tells the Node and sets the returned value.
+fn watch_driver(
+    roots: &DriverPaths,
+    loaded: std::io::Result<LibraryFile>,
+    events: NodeEvents,
+) -> watch::Receiver<Option<DriverChange>> {
+    let (tx, rx) = watch::channel(None);
+    let loaded = match loaded {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the NVML library's file; a driver changed under the plugin will go unnoticed");
+            return rx;
+        }
+    };
+    let root = roots.driver_root_ctr.clone();
+    let find =
+        move || root::find_library(&root, "container driver root").map_err(|e| e.to_string());
+    tokio::spawn(async move {
+        let change = driver_change::watch(loaded, find, driver_change::CHECK_INTERVAL).await;
+        tracing::warn!(%change, "the driver changed under the plugin; restarting on the new one");
+        let note = format!(
+            "{change}: the kubelet plugin restarts to publish the new driver's devices and write \
+             CDI specs for its files. Running pods keep the files they were given until they restart."
+        );
+        events.publish("GPUDriverChanged", note, true).await;
+        let _ = tx.send(Some(change));
+    });
+    rx
 }
