@@ -272,6 +272,13 @@ impl RealNodes {
             .map(drop)
     }
 
+    /// Replaces the containerized driver of `node` (see [`Self::install_driver`]) by one of
+    /// driver `version`, as a driver upgrade does.
+    pub fn upgrade_driver(&self, node: &str, version: &str) -> anyhow::Result<()> {
+        self.hack_cluster(&["upgrade-driver", node, version])
+            .map(drop)
+    }
+
     /// Restarts `node`'s kubelet (as a kubelet upgrade or a crash does).
     pub fn restart_kubelet(&self, node: &str) -> anyhow::Result<()> {
         self.hack_cluster(&["restart-kubelet", node]).map(drop)

@@ -1,7 +1,9 @@
 //! GPU discovery on a running node with no GPU: a GPU appears on its PCI bus, then its driver comes
 //! up (a driver container's root in `/run/nvidia/driver`); the node becomes a DRA GPU node with
-//! nothing restarted or reinstalled. It changes the node for good (a GPU is not unplugged from a
-//! running node), so `hack/test/real-nodes.sh` runs it after every other scenario.
+//! nothing restarted or reinstalled. Then that driver is replaced by another version under the
+//! running kubelet plugin, which notices, says so on the Node and republishes the GPU with the new
+//! driver's version. It changes the node for good (a GPU is not unplugged from a running node), so
+//! `hack/test/real-nodes.sh` runs it after every other scenario.
 
 use anyhow::{bail, ensure};
 use e2e::eventually;
@@ -87,5 +89,58 @@ async fn a_gpu_and_then_its_driver_arriving_make_the_gpuless_node_a_dra_gpu_node
         after == agent,
         "the discovery agent changed: before {agent:?}, after {after:?}"
     );
-    Ok(())
+    a_driver_upgraded_under_the_plugin_is_republished(&cluster).await
+}
+
+/// The node's driver container replaced by driver 590.48.01: the plugin, whose NVML is the old
+/// driver's, restarts on the new one (a `GPUDriverChanged` Event on the Node says why) and
+/// publishes the GPU with the new `driverVersion`.
+async fn a_driver_upgraded_under_the_plugin_is_republished(
+    cluster: &RealNodes,
+) -> anyhow::Result<()> {
+    let plugin = cluster.plugin_pod(GPULESS_NODE).await?;
+    let restarts = |pod: &k8s_openapi::api::core::v1::Pod| -> i32 {
+        pod.status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .filter(|c| c.name == "gpus")
+            .map(|c| c.restart_count)
+            .sum()
+    };
+    let before = restarts(&plugin);
+    cluster.upgrade_driver(GPULESS_NODE, "590.48.01")?;
+    cluster
+        .step(
+            "its driver replaced by 590.48.01 under the plugin: the plugin restarted on it, the GPU republished with driverVersion 590.48.1, a GPUDriverChanged Event on the Node",
+            GPULESS_NODE,
+            eventually(Duration::from_secs(120), "the new driver published", || async {
+                let versions: Vec<String> = cluster
+                    .published_devices(GPULESS_NODE)
+                    .await?
+                    .into_iter()
+                    .filter_map(|d| d.attributes?.get("driverVersion")?.version.clone())
+                    .collect();
+                let now = cluster.plugin_pod(GPULESS_NODE).await?;
+                let restarted = restarts(&now) - before;
+                let event = cluster.kubectl(
+                    &[
+                        "get", "events", "-A", "--field-selector",
+                        &format!("reason=GPUDriverChanged,involvedObject.name={GPULESS_NODE}"),
+                        "-o", "jsonpath={.items[*].message}",
+                    ],
+                    None,
+                )?;
+                if versions == ["590.48.1"]
+                    && restarted == 1
+                    && event.contains("from driver 580.95.05 to driver 590.48.01")
+                {
+                    Ok(Some(()))
+                } else {
+                    Err(anyhow::anyhow!(
+                        "published driverVersion {versions:?}; plugin restarted {restarted} times; Event {event:?}"
+                    ))
+                }
+            }),
+        )
+        .await
 }
