@@ -108,6 +108,21 @@ pub mod labels {
     ];
     /// Deploy key of the MIG manager, added to the device-plugin plane on MIG-capable nodes.
     pub const DEPLOY_MIG_MANAGER: &str = "nvidia.com/gpu.deploy.mig-manager";
+    /// Deploy keys of the operands that hold the driver open (plugins, validators, DCGM and its
+    /// exporter, GPU feature discovery, the MIG manager): paused for a driver upgrade.
+    pub const DRIVER_CLIENT_KEYS: [&str; 11] = [
+        DEPLOY_DRA_DRIVER,
+        DEPLOY_DRA_VALIDATOR,
+        DEPLOY_DCGM_DRA,
+        DEPLOY_DCGM_EXPORTER_DRA,
+        "nvidia.com/gpu.deploy.gpu-feature-discovery",
+        "nvidia.com/gpu.deploy.device-plugin",
+        "nvidia.com/gpu.deploy.dcgm",
+        "nvidia.com/gpu.deploy.dcgm-exporter",
+        "nvidia.com/gpu.deploy.node-status-exporter",
+        "nvidia.com/gpu.deploy.operator-validator",
+        DEPLOY_MIG_MANAGER,
+    ];
     /// `true` on nodes whose GPUs support MIG (written by GPU feature discovery).
     pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
     /// The GPU product name (written by GPU feature discovery or NFD rules).
@@ -213,6 +228,21 @@ pub mod labels {
 
     /// Node annotation: `true` when the active CR's driver upgrade policy is on.
     pub const DRIVER_UPGRADE_ENABLED: &str = "nvidia.com/gpu-driver-upgrade-enabled";
+    /// Node label: where the node's driver upgrade stands, in the driver manager's values
+    /// (`upgrade-required`, `drain-required`, `pod-restart-required`, `validation-required`,
+    /// `upgrade-done`, `upgrade-failed`). Set to `upgrade-required` by hand, it asks for one.
+    pub const DRIVER_UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
+    /// Node annotation: `true` asks for a driver upgrade of the node (removed once it is done).
+    pub const DRIVER_UPGRADE_REQUESTED: &str = "nvidia.com/gpu-driver-upgrade-requested";
+    /// Node annotation a driver container sets before it loads a new driver, then waits until it
+    /// is removed: the node must be drained and the driver's clients stopped first.
+    pub const DRIVER_WAIT_FOR_SAFE_LOAD: &str =
+        "nvidia.com/gpu-driver-upgrade.driver-wait-for-safe-load";
+    /// Node annotation: the node's driver upgrade as the labeler runs it, as JSON
+    /// (`api::driver_upgrade::DriverUpgrade`).
+    pub const DRIVER_UPGRADE: &str = "gpu-operator-rs.dev/driver-upgrade";
+    /// Pod label of the driver container's pods (the driver DaemonSet's).
+    pub const DRIVER_POD_APP: &str = "nvidia-driver-daemonset";
 
     /// Namespace label that allows admin-access ResourceClaims in the operator namespace.
     pub const ADMIN_ACCESS_NAMESPACE: &str = "resource.kubernetes.io/admin-access";

@@ -699,6 +699,24 @@ pub struct MigrationStatus {
     /// Nodes rolled back under the current generation: while any is listed, no other node starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rolled_back: Vec<NodeHandover>,
+    /// Nodes in a driver upgrade the labeler runs (docs/upgrades.md), failed ones included, in
+    /// name order; at most 50 are listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub driver_upgrades: Vec<NodeDriverUpgrade>,
+}
+
+/// One node's driver upgrade.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDriverUpgrade {
+    /// The node.
+    pub node: String,
+    /// The driver manager's state value: `drain-required`, `pod-restart-required`,
+    /// `validation-required` or `upgrade-failed`.
+    pub state: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// One node's hand-over.

@@ -6,6 +6,7 @@
 
 pub mod contract;
 pub mod coverage;
+pub mod driver_upgrade;
 pub mod gpuclass;
 pub mod gpucluster;
 pub mod handover;

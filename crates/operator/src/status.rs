@@ -547,6 +547,7 @@ mod tests {
             migration: MigrationStatus {
                 in_progress: vec![moving],
                 rolled_back: vec![back],
+                ..MigrationStatus::default()
             },
             ..Observed::default()
         };

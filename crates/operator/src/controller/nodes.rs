@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use api::AllocationMode;
 use api::contract::labels as l;
+use api::driver_upgrade::DriverUpgrade;
 use api::gpucluster::{MigrationStatus, NodeCounts};
 use api::handover::Handover;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -112,6 +113,13 @@ pub(super) async fn node_counts(
                 }
                 _ => {}
             }
+            if let Some(u) = node
+                .annotations()
+                .get(l::DRIVER_UPGRADE)
+                .and_then(|v| DriverUpgrade::parse(v))
+            {
+                migration.driver_upgrades.push(u.status(&node.name_any()));
+            }
         }
         let in_mode = |mode: AllocationMode| {
             page.items
@@ -137,6 +145,7 @@ pub(super) async fn node_counts(
     };
     // The API lists nodes by name, so the first ones listed are kept.
     migration.in_progress.truncate(LISTED_HANDOVERS);
+    migration.driver_upgrades.truncate(LISTED_HANDOVERS);
     held_on_dra.truncate(LISTED_HANDOVERS);
     Ok(NodeSurvey {
         counts,
@@ -148,8 +157,8 @@ pub(super) async fn node_counts(
     })
 }
 
-/// GPU nodes whose hand-over annotation changed (metadata only, nothing cached): the status lists
-/// hand-overs, so each change re-runs the reconcile.
+/// GPU nodes whose hand-over or driver-upgrade annotation changed (metadata only, nothing
+/// cached): the status lists both, so each change re-runs the reconcile.
 pub(super) fn handover_changes(
     client: &kube::Client,
 ) -> impl futures::Stream<Item = Result<PartialObjectMeta<Node>, watcher::Error>> + Send + 'static {
@@ -164,5 +173,6 @@ fn handover_hash(node: &PartialObjectMeta<Node>) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     node.annotations().get(l::HANDOVER).hash(&mut hasher);
+    node.annotations().get(l::DRIVER_UPGRADE).hash(&mut hasher);
     Some(hasher.finish())
 }
