@@ -261,3 +261,136 @@ pub fn for_step(
         ),
     })
 }
+
+/// Why a driver upgrade waits for its turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpgradeQueue {
+    /// `maxUnavailable` nodes are out (between planes or in a driver upgrade).
+    Full {
+        /// Nodes out now.
+        out: usize,
+        /// `migration.maxUnavailable`.
+        max_unavailable: u32,
+    },
+    /// Another node's driver upgrade failed: the rollout stopped.
+    Stopped {
+        /// The node whose upgrade failed.
+        node: String,
+    },
+    /// The node is between planes.
+    HandingOver,
+}
+
+/// The Event of a driver upgrade step, if it deserves one (`holders`: pods holding the node's
+/// GPUs when the step was decided).
+pub fn for_upgrade(
+    step: &crate::driver_upgrade::Step,
+    holders: usize,
+    queue: Option<&UpgradeQueue>,
+) -> Option<Event> {
+    use crate::driver_upgrade::Step as S;
+    const ACTION: &str = "UpgradingDriver";
+    let n = EventType::Normal;
+    Some(match step {
+        S::Queued => match queue? {
+            UpgradeQueue::Full {
+                out,
+                max_unavailable,
+            } => event(
+                n,
+                "DriverUpgradeQueued",
+                format!(
+                    "driver upgrade waiting: {out} node(s) are out of service (driver upgrades \
+                     and plane hand-overs) and migration.maxUnavailable is {max_unavailable}"
+                ),
+                ACTION,
+            ),
+            UpgradeQueue::Stopped { node } => event(
+                EventType::Warning,
+                "DriverUpgradeRolloutStopped",
+                format!(
+                    "driver upgrade waiting: the driver upgrade of node {node} failed; fix it \
+                     there, or set {}=upgrade-required on it to try again",
+                    l::DRIVER_UPGRADE_STATE
+                ),
+                ACTION,
+            ),
+            UpgradeQueue::HandingOver => event(
+                n,
+                "DriverUpgradeQueued",
+                "driver upgrade waiting for the node's hand-over between planes to finish".into(),
+                ACTION,
+            ),
+        },
+        S::Start { .. } => event(
+            n,
+            "DriverUpgradeStarted",
+            format!(
+                "driver upgrade: node cordoned; {holders} pod(s) holding its GPUs leave before \
+                 the driver's clients are paused"
+            ),
+            ACTION,
+        ),
+        S::Pause(_) => event(
+            n,
+            "DriverClientsPaused",
+            "no pod holds the node's GPUs: the validator and exporter are paused (deploy labels \
+             set to paused-for-driver-upgrade), then the plugin once their claims are unprepared"
+                .into(),
+            ACTION,
+        ),
+        S::Unblock => event(
+            n,
+            "DriverLoadUnblocked",
+            format!(
+                "the driver's clients are gone: the waiting driver may load ({} removed)",
+                l::DRIVER_WAIT_FOR_SAFE_LOAD
+            ),
+            ACTION,
+        ),
+        S::Resume(_) => event(
+            n,
+            "DriverClientsResumed",
+            "the driver is in place: the kubelet plugin, validator and exporter are back; \
+             waiting for the validator to prove the driver"
+                .into(),
+            ACTION,
+        ),
+        S::Complete { .. } => event(
+            n,
+            "DriverUpgradeDone",
+            "the validator passed on the new driver: node back in service (uncordoned when the \
+             upgrade had cordoned it)"
+                .into(),
+            ACTION,
+        ),
+        S::Fail { record, .. } => event(
+            EventType::Warning,
+            "DriverUpgradeFailed",
+            format!(
+                "driver upgrade failed: {}; no other node starts one until this node passes \
+                 validation or {}=upgrade-required is set on it to try again",
+                record
+                    .reason
+                    .as_deref()
+                    .unwrap_or("a step missed its deadline"),
+                l::DRIVER_UPGRADE_STATE
+            ),
+            ACTION,
+        ),
+        S::Cancel { .. } => event(
+            n,
+            "DriverUpgradeCancelled",
+            "driver upgrade stopped: it is no longer asked for, or no GPUCluster serves the node \
+             any more; node uncordoned and the driver's clients back"
+                .into(),
+            ACTION,
+        ),
+        S::Idle
+        | S::Drain { .. }
+        | S::WaitForClients
+        | S::WaitForPlugin
+        | S::WaitForDriver
+        | S::Validate => return None,
+    })
+}

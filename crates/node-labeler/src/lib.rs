@@ -2,6 +2,7 @@
 
 pub mod claims;
 pub mod controller;
+pub mod driver_upgrade;
 pub mod events;
 pub mod handover;
 pub mod offers;

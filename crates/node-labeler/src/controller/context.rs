@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use api::contract::{GPU_CLUSTER_NAME, labels as l, objects as o};
+use api::driver_upgrade::{DriverUpgrade, UpgradePhase};
 use api::handover::Handover;
 use api::{AllocationMode, GPUCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -15,7 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::Settings;
 use super::metrics::Metrics;
-use crate::events::{self, QueueReason};
+use crate::events::{self, QueueReason, UpgradeQueue};
 use crate::plan::{Cluster, ReadyPlanes, Rule};
 
 /// Which GPUCluster spec a set of parsed rules came from: its uid and generation.
@@ -39,6 +40,8 @@ pub(super) struct Context {
     /// Why no plane serves each node this process told about in a `NoGPUPlane` Event, so it is
     /// told once per change, not once per reconcile.
     pub(super) no_plane_told: std::sync::Mutex<BTreeMap<String, String>>,
+    /// Why each node's driver upgrade waits, as last told in an Event (told once per change).
+    pub(super) queue_told: std::sync::Mutex<BTreeMap<String, String>>,
     /// The GPUCluster's plane-policy rules, parsed once per spec (uid and generation), so a bad
     /// rule is parsed and logged once per change, not once per node reconcile.
     pub(super) rules: std::sync::Mutex<Option<(RulesOf, Vec<Rule>)>>,
@@ -60,6 +63,19 @@ impl Context {
         } else {
             None
         }
+    }
+
+    /// Whether to tell why `node`'s driver upgrade waits (`None`: it does not): once per change
+    /// of reason, so a node waiting for minutes is not an Event every round.
+    pub(super) fn queue_news(&self, node: &str, queue: Option<&UpgradeQueue>) -> bool {
+        let why = queue.map(|q| match q {
+            UpgradeQueue::Full { .. } => "full".to_owned(),
+            UpgradeQueue::Stopped { node } => format!("stopped by {node}"),
+            UpgradeQueue::HandingOver => "handing over".to_owned(),
+        });
+        let mut told = self.queue_told.lock().unwrap_or_else(|e| e.into_inner());
+        let live = |name: &str| self.nodes.get(&ObjectRef::new(name)).is_some();
+        tell_once(&mut told, node, why.as_ref(), live)
     }
 
     pub(super) fn gpu_cluster(&self) -> Option<Arc<GPUCluster>> {
@@ -126,7 +142,10 @@ impl Context {
         ready
     }
 
-    /// Whether another hand-over may start, and why not. Call with `started` locked.
+    /// Whether a hand-over of `node` may start now: fewer than `max_unavailable` other nodes
+    /// are out of service (between planes, or in a driver upgrade) and no rollback of
+    /// `generation` paused the rollout. `started` holds the nodes whose start is not in the store
+    /// yet. Keeps the in-progress gauge.
     pub(super) fn admission(
         &self,
         node: &str,
@@ -134,40 +153,93 @@ impl Context {
         max_unavailable: u32,
         generation: i64,
     ) -> Result<(), QueueReason> {
-        let mut in_progress: BTreeSet<String> = started.clone();
-        for other in self.nodes.state() {
-            let Some(h) = other
-                .annotations()
-                .get(l::HANDOVER)
-                .and_then(|v| Handover::parse(v))
-            else {
-                continue;
-            };
-            if h.rollback
-                .as_ref()
-                .is_some_and(|r| r.generation == generation)
-            {
-                return Err(QueueReason::Paused {
-                    node: other.name_any(),
-                });
-            }
-            if h.phase.in_progress() {
-                in_progress.insert(other.name_any());
-            }
+        let out = self.out_of_service(node, started, generation);
+        self.metrics.set_handovers_in_progress(out.handovers);
+        if let Some(node) = out.rolled_back {
+            return Err(QueueReason::Paused { node });
         }
-        in_progress.remove(node);
-        self.metrics.set_handovers_in_progress(in_progress.len());
-        if in_progress.len() >= max_unavailable as usize {
+        if out.nodes >= max_unavailable as usize {
             return Err(QueueReason::Full {
-                in_progress: in_progress.len(),
+                in_progress: out.nodes,
                 max_unavailable,
             });
         }
         Ok(())
     }
+
+    /// Whether a driver upgrade of `node` may start now: fewer than `max_unavailable` other
+    /// nodes are out of service and no node's driver upgrade failed.
+    pub(super) fn upgrade_admission(
+        &self,
+        node: &str,
+        started: &BTreeSet<String>,
+        max_unavailable: u32,
+    ) -> Result<(), UpgradeQueue> {
+        let out = self.out_of_service(node, started, i64::MIN);
+        if let Some(node) = out.failed_upgrade {
+            return Err(UpgradeQueue::Stopped { node });
+        }
+        if out.nodes >= max_unavailable as usize {
+            return Err(UpgradeQueue::Full {
+                out: out.nodes,
+                max_unavailable,
+            });
+        }
+        Ok(())
+    }
+
+    /// Nodes other than `node` out of service now, from the node store and `started`.
+    fn out_of_service(&self, node: &str, started: &BTreeSet<String>, generation: i64) -> Out {
+        let mut out = Out::default();
+        let mut names: BTreeSet<String> = started.clone();
+        for other in self.nodes.state() {
+            let name = other.name_any();
+            let annotations = other.annotations();
+            if let Some(h) = annotations
+                .get(l::HANDOVER)
+                .and_then(|v| Handover::parse(v))
+            {
+                if h.pinned(generation).is_some() && name != node {
+                    out.rolled_back.get_or_insert(name.clone());
+                }
+                if h.phase.in_progress() {
+                    out.handovers += 1;
+                    names.insert(name.clone());
+                }
+            }
+            if let Some(u) = annotations
+                .get(l::DRIVER_UPGRADE)
+                .and_then(|v| DriverUpgrade::parse(v))
+            {
+                if u.phase == UpgradePhase::Failed && name != node {
+                    out.failed_upgrade.get_or_insert(name.clone());
+                }
+                if u.takes_node_out() {
+                    names.insert(name);
+                }
+            }
+        }
+        names.remove(node);
+        out.nodes = names.len();
+        out
+    }
 }
 
-fn is_ready(pod: &Pod) -> bool {
+/// Nodes out of service, as [`Context::out_of_service`] counts them.
+#[derive(Default)]
+struct Out {
+    /// Nodes out, hand-overs and driver upgrades together.
+    nodes: usize,
+    /// Of them, nodes between planes (this node included).
+    handovers: usize,
+    /// A node rolled back under the generation asked about.
+    rolled_back: Option<String>,
+    /// A node whose driver upgrade failed.
+    failed_upgrade: Option<String>,
+}
+
+/// Whether the pod's Ready condition is true.
+pub(super) fn is_ready(pod: &Pod) -> bool {
     pod.status
         .iter()
         .flat_map(|s| s.conditions.iter().flatten())
@@ -190,8 +262,8 @@ fn validator_plane(pod: &Pod) -> AllocationMode {
     }
 }
 
-/// Whether to tell that no plane serves `node` for reason `why` (`None`: a plane serves it):
-/// once per change of reason. `told` keeps the last reason told per node; nodes `live` no longer
+/// Whether to tell about `node` for reason `why` (`None`: nothing to tell): once per change of
+/// reason. `told` keeps the last reason told per node; nodes `live` no longer
 /// knows are dropped from it whenever a new reason is recorded, so it never outgrows the cluster.
 fn tell_once(
     told: &mut BTreeMap<String, String>,

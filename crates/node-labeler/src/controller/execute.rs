@@ -15,14 +15,16 @@ use super::node_ops::{self, Eviction};
 use super::write::patch_params;
 use crate::handover::Step;
 
-/// Counts the step, keeps the held-on-DRA gauge, and books or frees the node's hand-over slot
-/// (`started`: the slot lock, when this reconcile took it).
+/// Counts the step, keeps the held-on-DRA gauge, and books or frees the node's slot
+/// (`started`: the slot lock, when this reconcile took it; `upgrade_starts`: a driver upgrade
+/// starts this round).
 pub(super) async fn account(
     ctx: &Context,
     name: &str,
     step: &Step,
     state: Option<&Handover>,
     started: Option<tokio::sync::MutexGuard<'_, BTreeSet<String>>>,
+    upgrade_starts: bool,
 ) {
     if let Some(label) = step_metric(step) {
         ctx.metrics.count_step(label);
@@ -31,13 +33,10 @@ pub(super) async fn account(
         matches!(step, Step::Drain { .. }) && state.is_some_and(|h| h.from == AllocationMode::Dra);
     ctx.metrics.set_held_on_dra(name, held_on_dra);
     if let Some(mut set) = started {
-        match step {
-            Step::Start { .. } => {
-                set.insert(name.to_owned());
-            }
-            _ => {
-                set.remove(name);
-            }
+        if matches!(step, Step::Start { .. }) || upgrade_starts {
+            set.insert(name.to_owned());
+        } else {
+            set.remove(name);
         }
     } else if matches!(
         step,
@@ -88,43 +87,8 @@ pub(super) async fn carry_out(
             }));
         }
         Step::Drain { evict } => {
-            // The start's cordon may not have landed; read before writing, so a node draining
-            // for minutes is not patched every round.
             let ours = state.is_some_and(|h| h.cordoned);
-            if ours
-                && !node_ops::is_cordoned(&ctx.client, name)
-                    .await
-                    .map_err(cordon_err("reading", name))?
-            {
-                node_ops::cordon(&ctx.client, name, &pp)
-                    .await
-                    .map_err(cordon_err("cordoning", name))?;
-            }
-            for pod in holding
-                .iter()
-                .filter(|p| *evict && !api::pods::is_daemonset_pod(p))
-            {
-                let result = node_ops::evict(&ctx.evictions, pod)
-                    .await
-                    .map_err(|source| Error::Drain {
-                        node: name.to_owned(),
-                        source,
-                    })?;
-                let pod_name =
-                    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-                match &result {
-                    Eviction::Evicted => {
-                        tracing::info!(node = %name, pod = %pod_name, "evicted");
-                        ctx.metrics.count_eviction("evicted");
-                    }
-                    Eviction::Blocked(why) => {
-                        blocked = true;
-                        tracing::info!(node = %name, pod = %pod_name, why, "eviction blocked");
-                        ctx.metrics.count_eviction("blocked");
-                    }
-                    Eviction::Gone => {}
-                }
-            }
+            blocked = drain(ctx, name, ours, holding, *evict).await?;
         }
         Step::Complete { uncordon: true, .. }
         | Step::Cancel { uncordon: true }
@@ -136,6 +100,54 @@ pub(super) async fn carry_out(
         _ => {}
     }
     Ok((record, blocked))
+}
+
+/// One round of a drain: keeps the node cordoned (`ours`: the drain's own cordon, which may not
+/// have landed yet) and evicts the pods `holding` its GPUs (`evict`; DaemonSet pods are never
+/// evicted). Returns whether a PodDisruptionBudget refused an eviction.
+pub(super) async fn drain(
+    ctx: &Context,
+    name: &str,
+    ours: bool,
+    holding: &[Pod],
+    evict: bool,
+) -> Result<bool, Error> {
+    // Read before writing, so a node draining for minutes is not patched every round.
+    if ours
+        && !node_ops::is_cordoned(&ctx.client, name)
+            .await
+            .map_err(cordon_err("reading", name))?
+    {
+        node_ops::cordon(&ctx.client, name, &patch_params())
+            .await
+            .map_err(cordon_err("cordoning", name))?;
+    }
+    let mut blocked = false;
+    for pod in holding
+        .iter()
+        .filter(|p| evict && !api::pods::is_daemonset_pod(p))
+    {
+        let result = node_ops::evict(&ctx.evictions, pod)
+            .await
+            .map_err(|source| Error::Drain {
+                node: name.to_owned(),
+                source,
+            })?;
+        let pod_name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        match &result {
+            Eviction::Evicted => {
+                tracing::info!(node = %name, pod = %pod_name, "evicted");
+                ctx.metrics.count_eviction("evicted");
+            }
+            Eviction::Blocked(why) => {
+                blocked = true;
+                tracing::info!(node = %name, pod = %pod_name, why, "eviction blocked");
+                ctx.metrics.count_eviction("blocked");
+            }
+            Eviction::Gone => {}
+        }
+    }
+    Ok(blocked)
 }
 
 /// What the hand-over annotation becomes: `Some(Some(h))` sets it, `Some(None)` removes it,

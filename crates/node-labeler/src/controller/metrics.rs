@@ -46,6 +46,8 @@ pub struct Metrics {
     handover_steps: Family<StepLabels, Counter>,
     evictions: Family<EvictionLabels, Counter>,
     held_on_dra: Family<NodeLabels, Gauge>,
+    driver_upgrade_steps: Family<StepLabels, Counter>,
+    driver_upgrade_failed: Family<NodeLabels, Gauge>,
 }
 
 impl Metrics {
@@ -91,8 +93,20 @@ impl Metrics {
         );
         sub.register(
             "evictions",
-            "Evictions of pods holding the old plane's GPUs, by result",
+            "Evictions of pods holding the GPUs of a node a hand-over or driver upgrade drains, \
+             by result",
             self.evictions.clone(),
+        );
+        sub.register(
+            "driver_upgrade_steps",
+            "Driver upgrade steps taken, by step (started, paused, unblocked, resumed, completed, \
+             failed, ...)",
+            self.driver_upgrade_steps.clone(),
+        );
+        sub.register(
+            "driver_upgrade_failed",
+            "1 for each node whose driver upgrade failed (the rollout is stopped while any is)",
+            self.driver_upgrade_failed.clone(),
         );
     }
 
@@ -121,6 +135,25 @@ impl Metrics {
         self.handover_steps
             .get_or_create(&StepLabels { step })
             .inc();
+    }
+
+    /// Counts a driver upgrade step taken.
+    pub(super) fn count_upgrade_step(&self, step: &'static str) {
+        self.driver_upgrade_steps
+            .get_or_create(&StepLabels { step })
+            .inc();
+    }
+
+    /// Whether `node`'s driver upgrade failed.
+    pub(super) fn set_upgrade_failed(&self, node: &str, failed: bool) {
+        let key = NodeLabels {
+            node: node.to_owned(),
+        };
+        if failed {
+            self.driver_upgrade_failed.get_or_create(&key).set(1);
+        } else {
+            self.driver_upgrade_failed.remove(&key);
+        }
     }
 
     /// Counts an eviction by result.

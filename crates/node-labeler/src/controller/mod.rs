@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::contract::{cluster_policy, labels as l};
+use api::driver_upgrade::UpgradePhase;
 use api::handover::{Handover, Phase};
 use api::{AllocationMode, GPUCluster};
 use futures::StreamExt;
@@ -23,6 +24,7 @@ use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, pred
 use kube::{Api, Resource, ResourceExt};
 
 use crate::claims;
+use crate::driver_upgrade::Step as UpgradeStep;
 use crate::events;
 use crate::handover::{self, Step};
 use crate::plan::{self, DEFERRED_RECHECK, GpuClaims, Hold, NodeFacts};
@@ -33,6 +35,7 @@ mod execute;
 mod metrics;
 mod node_ops;
 mod readiness;
+mod upgrade;
 mod write;
 
 use context::Context;
@@ -76,6 +79,9 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         .and_then(|gc| gc.metadata.generation)
         .unwrap_or(0);
     let (labels, annotations) = (node.labels(), node.annotations());
+    let served = gpu_cluster
+        .as_ref()
+        .is_some_and(|gc| gc.metadata.deletion_timestamp.is_none());
     let state = annotations
         .get(l::HANDOVER)
         .and_then(|v| Handover::parse(v));
@@ -86,18 +92,28 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         ready,
         pinned: state.as_ref().and_then(|h| h.pinned(generation)),
         hold: Hold::No,
+        operands: Default::default(),
     };
     let mut plan = plan::plan_node(labels, annotations, &cluster, facts);
 
-    // The hand-over: a start is decided under the lock, so slots are never over-booked.
-    let started = if state.is_none() && plan.switch.is_some() {
+    // Hand-overs and driver upgrades: a start is decided under the lock, so slots are never
+    // over-booked.
+    let upgrade_record = upgrade::record(annotations);
+    let handover_may_start = state.is_none() && plan.switch.is_some();
+    let upgrade_may_start = upgrade::wanted(labels, annotations)
+        && upgrade_record
+            .as_ref()
+            .is_none_or(|u| u.phase == UpgradePhase::Failed);
+    let started = if handover_may_start || upgrade_may_start {
         Some(ctx.started.lock().await)
     } else {
         None
     };
     let admission = match &started {
-        Some(set) => ctx.admission(&name, set, migration.max_unavailable, generation),
-        None => Ok(()),
+        Some(set) if handover_may_start => {
+            ctx.admission(&name, set, migration.max_unavailable, generation)
+        }
+        _ => Ok(()),
     };
     let holding = match &state {
         Some(h) if h.phase == Phase::Draining && plan.switch == Some((h.from, h.to)) => {
@@ -122,15 +138,30 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         drain: migration.drain,
         deadline_secs: i64::from(migration.progress_deadline_seconds),
         generation,
-        may_start: admission.is_ok(),
-        served: gpu_cluster
-            .as_ref()
-            .is_some_and(|gc| gc.metadata.deletion_timestamp.is_none()),
+        // A node in a driver upgrade finishes it before it changes planes.
+        may_start: admission.is_ok() && upgrade_record.is_none(),
+        served,
     });
     let record = handover_record(&step);
     if let Some(Some(h)) = &record {
         facts.pinned = h.pinned(generation);
     }
+    let upgrade = upgrade::run(
+        &ctx,
+        &upgrade::Request {
+            name: &name,
+            labels,
+            annotations,
+            served,
+            ready: facts.ready,
+            migration: &migration,
+            handing_over: state.as_ref().is_some_and(|h| h.phase.in_progress())
+                || matches!(step, Step::Start { .. }),
+            started: started.as_deref().filter(|_| upgrade_may_start),
+        },
+    )
+    .await?;
+    facts.operands = upgrade.operands;
     if step == Step::Queued {
         facts.hold = Hold::WholePlane;
     } else if step.holds_old_plane() {
@@ -153,6 +184,7 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         plan.annotations
             .insert(l::HANDOVER.to_owned(), value.map(|h| h.to_annotation()));
     }
+    add_upgrade_changes(&mut plan, &upgrade);
 
     let queue = admission.err();
     let reference = node.object_ref(&());
@@ -169,11 +201,17 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         .then(|| api::coverage::unserved(&after, cluster.serves(AllocationMode::DevicePlugin)))
         .flatten();
     let no_plane_event = ctx.no_plane_news(&name, no_plane.as_ref());
+    // A queued upgrade is told once per reason it waits for.
+    let queued = upgrade.step == UpgradeStep::Queued;
+    let queue_news = ctx.queue_news(&name, upgrade.queue.as_ref().filter(|_| queued));
+    let upgrade_event = events::for_upgrade(&upgrade.step, upgrade.holders, upgrade.queue.as_ref())
+        .filter(|_| !queued || queue_news);
     for event in plan
         .findings
         .iter()
         .map(events::for_finding)
         .chain(step_event)
+        .chain(upgrade_event)
         .chain(no_plane_event)
     {
         ctx.events.publish(&event, &reference).await;
@@ -192,18 +230,46 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
                 plan.annotations
                     .insert(l::HANDOVER.to_owned(), value.clone());
             }
+            add_upgrade_changes(&mut plan, &upgrade);
             plan
         };
         write_plan(&ctx.client, &ctx.metrics, &node, plan, facts, replan).await?;
     }
-    if cordon_after_write {
+    if cordon_after_write || upgrade.cordon_after_write {
         node_ops::cordon(&ctx.client, &name, &pp)
             .await
             .map_err(cordon_err("cordoning", &name))?;
     }
-    account(&ctx, &name, &step, state.as_ref(), started).await;
-    Ok(recheck(&step, evictions_blocked, offers_pending, deferred)
-        .map_or_else(Action::await_change, Action::requeue))
+    account(
+        &ctx,
+        &name,
+        &step,
+        state.as_ref(),
+        started,
+        upgrade.step.starts(),
+    )
+    .await;
+    let upgrade_recheck = upgrade.step.in_motion().then(|| {
+        let slow = upgrade.step == UpgradeStep::Queued
+            || (upgrade.evictions_blocked || upgrade.step == (UpgradeStep::Drain { evict: false }));
+        if slow {
+            HANDOVER_RECHECK
+        } else {
+            HANDOVER_STEP_RECHECK
+        }
+    });
+    let handover_recheck = recheck(&step, evictions_blocked, offers_pending, deferred);
+    Ok(match (handover_recheck, upgrade_recheck) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+    .map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Adds what the node's driver upgrade changes (the state label, its annotations) to `plan`.
+fn add_upgrade_changes(plan: &mut plan::Plan, upgrade: &upgrade::Outcome) {
+    plan.labels.extend(upgrade.labels.clone());
+    plan.annotations.extend(upgrade.annotations.clone());
 }
 
 /// When to look at a node again without a change event (`None`: only on one), after `step`.
@@ -344,6 +410,7 @@ pub async fn run(
         cluster_policy,
         started: tokio::sync::Mutex::default(),
         no_plane_told: std::sync::Mutex::default(),
+        queue_told: std::sync::Mutex::default(),
         rules: std::sync::Mutex::default(),
         metrics,
     });

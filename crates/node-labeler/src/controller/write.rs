@@ -177,6 +177,7 @@ mod tests {
             ready: ReadyPlanes::default(),
             pinned: None,
             hold: Hold::No,
+            operands: Default::default(),
         }
     }
 

@@ -10,6 +10,7 @@ use api::gpucluster::PlaneRule;
 use kube::core::{Selector, SelectorExt};
 
 use super::labels::is_control_plane;
+use crate::driver_upgrade::Operands;
 /// A plane-policy rule, ready to match nodes.
 #[derive(Clone, Debug)]
 pub struct Rule {
@@ -136,6 +137,8 @@ pub struct NodeFacts {
     /// How a hand-over holds the old plane; while it does, no deferral is reported (the
     /// hand-over reports its own steps).
     pub hold: Hold,
+    /// What a driver upgrade does to the driver's client operands.
+    pub operands: Operands,
 }
 
 /// How a hand-over holds the old plane on the node.
@@ -159,6 +162,7 @@ impl NodeFacts {
             ready: ReadyPlanes::default(),
             pinned: None,
             hold: Hold::No,
+            operands: Operands::Leave,
         }
     }
 }

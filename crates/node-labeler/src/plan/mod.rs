@@ -15,6 +15,8 @@ mod inputs;
 mod labels;
 
 pub use inputs::{Cluster, GpuClaims, Hold, NodeFacts, ReadyPlanes, Rule};
+
+use crate::driver_upgrade::Operands;
 pub use labels::is_gpu_node;
 use labels::{in_plane, is_control_plane, owned_keys, plane_keys, value};
 
@@ -246,6 +248,29 @@ pub fn plan_node(
         }
     }
 
+    // A driver upgrade pauses the driver's clients with the driver manager's values, and takes
+    // its pauses back afterwards.
+    if facts.operands != Operands::Leave {
+        for key in l::DRIVER_CLIENT_KEYS {
+            let now = match desired.get(key) {
+                Some(want) => want.clone(),
+                None => labels.get(key).cloned(),
+            };
+            let Some(now) = now.filter(|v| !v.is_empty()) else {
+                continue;
+            };
+            let plugin = key == l::DEPLOY_DRA_DRIVER || key == l::DEPLOY_DEVICE_PLUGIN;
+            let want = match facts.operands {
+                Operands::Pause { plugin: true } => paused(&now),
+                Operands::Pause { plugin: false } if !plugin => paused(&now),
+                _ => resumed(&now),
+            };
+            if want != now {
+                desired.insert(key, Some(want));
+            }
+        }
+    }
+
     // Readiness labels follow the plane whose plugin the node keeps, and only while its
     // validator passes there.
     if gpu && active_cr {
@@ -288,6 +313,28 @@ pub fn plan_node(
         needs_claim_lookup,
         switch,
     }
+}
+
+/// A deploy label's value while a driver upgrade pauses its operand, as the driver manager
+/// writes it (`false` stays: nothing runs to pause).
+fn paused(value: &str) -> String {
+    match value {
+        "true" => l::PAUSED_FOR_DRIVER_UPGRADE.to_owned(),
+        "false" => value.to_owned(),
+        v if v == l::PAUSED_FOR_DRIVER_UPGRADE || v.ends_with(l::PAUSED_SUFFIX) => v.to_owned(),
+        v => format!("{v}{}", l::PAUSED_SUFFIX),
+    }
+}
+
+/// A deploy label's value once a driver upgrade's pause is taken back.
+fn resumed(value: &str) -> String {
+    if value == l::PAUSED_FOR_DRIVER_UPGRADE {
+        return "true".to_owned();
+    }
+    value
+        .strip_suffix(l::PAUSED_SUFFIX)
+        .unwrap_or(value)
+        .to_owned()
 }
 
 #[cfg(test)]

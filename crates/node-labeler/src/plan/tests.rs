@@ -812,3 +812,63 @@ fn driver_upgrade_annotation_follows_the_policy_on_gpu_nodes() {
     let cpu = plan(&map(&[]), &BTreeMap::new(), &on, GpuClaims::Unknown);
     assert!(cpu.annotations.is_empty());
 }
+
+#[test]
+fn a_driver_upgrade_pauses_the_drivers_clients_and_takes_back_only_its_pauses() {
+    let c = both_planes(AllocationMode::Dra);
+    let mut node = converged(&c, "dra", &[]);
+    node.insert(l::DEPLOY_DCGM_DRA.into(), "false".into());
+    node.insert(l::DEPLOY_DCGM_EXPORTER_DRA.into(), "pinned".into());
+    let facts = |operands| NodeFacts {
+        operands,
+        ..NodeFacts::claims(GpuClaims::None)
+    };
+    let first = plan_node(
+        &node,
+        &BTreeMap::new(),
+        &c,
+        facts(Operands::Pause { plugin: false }),
+    );
+    // The plugin stays until the other clients' claims are unprepared, then goes too.
+    assert!(!first.labels.contains_key(DRA), "{:?}", first.labels);
+    assert_eq!(
+        sets(&first, l::DEPLOY_DRA_VALIDATOR),
+        Some(l::PAUSED_FOR_DRIVER_UPGRADE)
+    );
+    let pause = Operands::Pause { plugin: true };
+    let half = first.labels_after(&node);
+    let paused = plan_node(&half, &BTreeMap::new(), &c, facts(pause));
+    let after = paused.labels_after(&half);
+    let value = |key: &str| after.get(key).map(String::as_str);
+    assert_eq!(value(DRA), Some(l::PAUSED_FOR_DRIVER_UPGRADE));
+    assert_eq!(
+        value(l::DEPLOY_DRA_VALIDATOR),
+        Some(l::PAUSED_FOR_DRIVER_UPGRADE)
+    );
+    assert_eq!(
+        value(l::DEPLOY_DCGM_EXPORTER_DRA),
+        Some("pinned_paused-for-driver-upgrade")
+    );
+    // The driver itself and an admin's `false` are no clients to pause.
+    assert_eq!(value(l::DEPLOY_DRIVER), Some("true"));
+    assert_eq!(value(l::DEPLOY_DCGM_DRA), Some("false"));
+    // Paused, it stays paused, and the node is no longer ready on its plane.
+    let again = plan_node(&after, &BTreeMap::new(), &c, facts(pause));
+    assert!(
+        again
+            .labels
+            .keys()
+            .all(|k| k == l::GPU_STACK || k == l::GPU_SETUP_COMPLETE),
+        "{:?}",
+        again.labels
+    );
+    // Left alone (a driver manager's pause), nothing moves.
+    let left = plan_node(&after, &BTreeMap::new(), &c, facts(Operands::Leave));
+    assert!(!left.labels.contains_key(DRA), "{:?}", left.labels);
+    // Resumed, every value is what it was.
+    let resumed = plan_node(&after, &BTreeMap::new(), &c, facts(Operands::Resume));
+    let back = resumed.labels_after(&after);
+    for key in l::DRIVER_CLIENT_KEYS {
+        assert_eq!(back.get(key), node.get(key), "{key}");
+    }
+}
