@@ -328,13 +328,16 @@ fi
 # PodDisruptionBudget (watched with `kubectl gpu migration --watch`), an operand's unpullable image
 # in the GPUCluster's status, `kubectl gpu`'s nodes, claims and why, the cluster's Prometheus and,
 # after those, the chart's dashboard drawing data from them, then `helm upgrade` down to each
-# earlier release of hack/releases and back under running GPU pods; and last (it
-# changes the node for good) a GPU and then its driver arriving on the node without one. The subset
+# earlier release of hack/releases and back under running GPU pods; then (it
+# changes the node for good) a GPU and then its driver arriving on the node without one, and last
+# driver upgrades the labeler runs on that driver container (drained, let in, proven; two nodes
+# one at a time; a broken driver stopping the rollout). The subset
 # leaves out CEL selection, the GPUClasses (1.34 serves no shares), of the plugin's scenarios all
 # but the MIG claim, of the planes' all but the switch under a running pod, the hand-over under a
 # PDB, the unpullable image, `kubectl gpu`, Prometheus's targets, the dashboard, the upgrade and the hot-plug. With KEEP_CLUSTER=1 the test stops before the
 # hot-plug and leaves the cluster up, the chart installed, for running one alone
-# (e2e/run.sh --real-nodes).
+# (e2e/run.sh --real-nodes); SCENARIOS="FILTER..." runs only those (libtest filters), none of the
+# later groups (dashboard, upgrade, hot-plug, driver upgrades).
 # scenario_verdicts LOG: "NAME ok|FAILED" per test in the output of libtest with --nocapture, where
 # a test's own lines come between its "test NAME ... " and its verdict, alone on a line.
 scenario_verdicts() {
@@ -357,16 +360,19 @@ run_scenarios() {
   done < <(scenario_verdicts "$log")
   ((ran > 0)) || fail "no real-node scenario ran: $(tail -5 "$log" | tr '\n' ' ')"
 }
-if full; then
-  scenarios=(--skip hotplug:: --skip dashboard:: --skip upgrade::)
+if [[ -n "${SCENARIOS:-}" ]]; then
+  read -ra scenarios <<<"$SCENARIOS"
+elif full; then
+  scenarios=(--skip hotplug:: --skip dashboard:: --skip upgrade:: --skip driver_upgrade::)
 else
   scenarios=(install:: access:: workloads:: sharing:: health:: plugin::a_mig_claim planes::a_switch)
 fi
 run_scenarios "$CLUSTER_DIR/logs/real-node-scenarios.log" "${scenarios[@]}"
 # The dashboard's panels, over the time the scenarios took.
-full && run_scenarios "$CLUSTER_DIR/logs/real-node-dashboard.log" dashboard::
+all() { full && [[ -z "${SCENARIOS:-}" ]]; }
+all && run_scenarios "$CLUSTER_DIR/logs/real-node-dashboard.log" dashboard::
 # The product's own upgrade: helm down to each earlier release and back under running GPU pods.
-full && run_scenarios "$CLUSTER_DIR/logs/real-node-upgrade.log" upgrade::
+all && run_scenarios "$CLUSTER_DIR/logs/real-node-upgrade.log" upgrade::
 if [[ -n "${KEEP_CLUSTER:-}" ]]; then
   kept=1
   echo "real-nodes: cluster kept in $CLUSTER_DIR (KUBECONFIG=$KUBECONFIG_FILE)"
@@ -374,7 +380,9 @@ if [[ -n "${KEEP_CLUSTER:-}" ]]; then
   echo "  down:         CLUSTER_DIR=$CLUSTER_DIR hack/cluster down && rm -rf $CLUSTER_DIR"
   exit 0
 fi
-full && run_scenarios "$CLUSTER_DIR/logs/real-node-hotplug.log" hotplug::
+all && run_scenarios "$CLUSTER_DIR/logs/real-node-hotplug.log" hotplug::
+# Driver upgrades run by the labeler, on the driver container the hot-plug brought up.
+all && run_scenarios "$CLUSTER_DIR/logs/real-node-driver-upgrade.log" driver_upgrade::
 
 # Uninstall: nothing of ours is left on the nodes or in the API.
 t0=$SECONDS

@@ -273,10 +273,13 @@ impl RealNodes {
     }
 
     /// Replaces the containerized driver of `node` (see [`Self::install_driver`]) by one of
-    /// driver `version`, as a driver upgrade does.
-    pub fn upgrade_driver(&self, node: &str, version: &str) -> anyhow::Result<()> {
-        self.hack_cluster(&["upgrade-driver", node, version])
-            .map(drop)
+    /// driver `version`, as a driver upgrade does; `broken`: one whose library cannot be loaded.
+    pub fn upgrade_driver(&self, node: &str, version: &str, broken: bool) -> anyhow::Result<()> {
+        let mut args = vec!["upgrade-driver", node, version];
+        if broken {
+            args.push("broken");
+        }
+        self.hack_cluster(&args).map(drop)
     }
 
     /// Restarts `node`'s kubelet (as a kubelet upgrade or a crash does).

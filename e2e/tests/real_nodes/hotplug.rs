@@ -108,7 +108,7 @@ async fn a_driver_upgraded_under_the_plugin_is_republished(
             .sum()
     };
     let before = restarts(&plugin);
-    cluster.upgrade_driver(GPULESS_NODE, "590.48.01")?;
+    cluster.upgrade_driver(GPULESS_NODE, "590.48.01", false)?;
     cluster
         .step(
             "its driver replaced by 590.48.01 under the plugin: the plugin restarted on it, the GPU republished with driverVersion 590.48.1, a GPUDriverChanged Event on the Node",

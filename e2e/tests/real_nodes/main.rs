@@ -7,8 +7,8 @@
 //! attributes (`selection`), GPUClasses: extended resources and shares of a card (`classes`), a
 //! node moved between DRA and the device plugin and that plane's behaviours (`planes`), two nodes
 //! handed over under a PodDisruptionBudget (`handover`), an operand's failure in the GPUCluster's
-//! status (`status`), `kubectl gpu`'s views of all that (`kubectl_gpu`), the cluster as a Prometheus scraping the chart's PodMonitors sees it (`observability`), the chart's dashboard drawing data after them all (`dashboard`, run after the others), the product upgraded from earlier releases and back under running claims (`upgrade`, after that) and a GPU arriving on a running node (`hotplug`, last: it changes the node for
-//! good). `hack/test/real-nodes.sh` brings the cluster up, installs the chart and runs them in
+//! status (`status`), `kubectl gpu`'s views of all that (`kubectl_gpu`), the cluster as a Prometheus scraping the chart's PodMonitors sees it (`observability`), the chart's dashboard drawing data after them all (`dashboard`, run after the others), the product upgraded from earlier releases and back under running claims (`upgrade`, after that) a GPU arriving on a running node (`hotplug`: it changes the node for good) and
+//! driver upgrades the labeler runs on that node's driver container (`driver_upgrade`, last). `hack/test/real-nodes.sh` brings the cluster up, installs the chart and runs them in
 //! `make test` (`e2e/run.sh --real-nodes`); each leaves the cluster as it found it.
 //!
 //! One alone, on a cluster left up with `KEEP_CLUSTER=1 make test-real-nodes`:
@@ -17,6 +17,7 @@
 mod access;
 mod classes;
 mod dashboard;
+mod driver_upgrade;
 mod handover;
 mod health;
 mod hotplug;
