@@ -1,5 +1,8 @@
 //! The labeler's metrics, under `node_labeler_`; each labelled family has its own typed label set.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -34,6 +37,15 @@ struct NodeLabels {
     node: String,
 }
 
+/// Labels of the per-node driver upgrade gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpgradeStateLabels {
+    /// The node.
+    node: String,
+    /// Its `nvidia.com/gpu-driver-upgrade-state`.
+    state: &'static str,
+}
+
 /// Counters of the labeler's work.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
@@ -47,7 +59,9 @@ pub struct Metrics {
     evictions: Family<EvictionLabels, Counter>,
     held_on_dra: Family<NodeLabels, Gauge>,
     driver_upgrade_steps: Family<StepLabels, Counter>,
-    driver_upgrade_failed: Family<NodeLabels, Gauge>,
+    driver_upgrade_state: Family<UpgradeStateLabels, Gauge>,
+    /// The state each node's gauge shows, so a change removes the old series.
+    upgrade_states: Arc<Mutex<BTreeMap<String, &'static str>>>,
 }
 
 impl Metrics {
@@ -104,9 +118,11 @@ impl Metrics {
             self.driver_upgrade_steps.clone(),
         );
         sub.register(
-            "driver_upgrade_failed",
-            "1 for each node whose driver upgrade failed (the rollout is stopped while any is)",
-            self.driver_upgrade_failed.clone(),
+            "driver_upgrade_state",
+            "1 for each node in a driver upgrade the labeler runs, labelled with its state \
+             (upgrade-required, drain-required, pod-restart-required, validation-required, \
+             upgrade-failed); the rollout is stopped while a node is upgrade-failed",
+            self.driver_upgrade_state.clone(),
         );
     }
 
@@ -144,15 +160,31 @@ impl Metrics {
             .inc();
     }
 
-    /// Whether `node`'s driver upgrade failed.
-    pub(super) fn set_upgrade_failed(&self, node: &str, failed: bool) {
-        let key = NodeLabels {
+    /// The state of `node`'s driver upgrade (`None`: it is in none).
+    pub(super) fn set_upgrade_state(&self, node: &str, state: Option<&'static str>) {
+        let mut states = self
+            .upgrade_states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let before = states.get(node).copied();
+        if before == state {
+            return;
+        }
+        let key = |state| UpgradeStateLabels {
             node: node.to_owned(),
+            state,
         };
-        if failed {
-            self.driver_upgrade_failed.get_or_create(&key).set(1);
-        } else {
-            self.driver_upgrade_failed.remove(&key);
+        if let Some(old) = before {
+            self.driver_upgrade_state.remove(&key(old));
+        }
+        match state {
+            Some(new) => {
+                self.driver_upgrade_state.get_or_create(&key(new)).set(1);
+                states.insert(node.to_owned(), new);
+            }
+            None => {
+                states.remove(node);
+            }
         }
     }
 

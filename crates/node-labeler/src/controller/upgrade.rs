@@ -133,7 +133,7 @@ pub(super) async fn run(ctx: &Context, r: &Request<'_>) -> Result<Outcome, Error
     let record = record(r.annotations);
     let wanted = wanted(r.labels, r.annotations);
     if record.is_none() && !wanted {
-        ctx.metrics.set_upgrade_failed(r.name, false);
+        ctx.metrics.set_upgrade_state(r.name, None);
         return Ok(Outcome::idle());
     }
     let plane = plane(r.labels);
@@ -250,11 +250,12 @@ pub(super) async fn run(ctx: &Context, r: &Request<'_>) -> Result<Outcome, Error
             .insert(l::DRIVER_UPGRADE_STATE.to_owned(), want.map(str::to_owned));
     }
     out.operands = driver_upgrade::operands(&step, record.as_ref(), kept.as_ref());
-    ctx.metrics.set_upgrade_failed(
-        r.name,
-        kept.as_ref()
-            .is_some_and(|u| u.phase == UpgradePhase::Failed),
-    );
+    let shown = match (&step, &kept) {
+        (Step::Queued, _) => Some(state::UPGRADE_REQUIRED),
+        (_, Some(u)) => Some(u.phase.state_label()),
+        _ => None,
+    };
+    ctx.metrics.set_upgrade_state(r.name, shown);
     if !matches!(
         step,
         Step::Idle
