@@ -372,7 +372,7 @@ run_scenarios "$CLUSTER_DIR/logs/real-node-scenarios.log" "${scenarios[@]}"
 all() { full && [[ -z "${SCENARIOS:-}" ]]; }
 all && run_scenarios "$CLUSTER_DIR/logs/real-node-dashboard.log" dashboard::
 # The product's own upgrade: helm down to each earlier release and back under running GPU pods.
-all && run_scenarios "$CLUSTER_DIR/logs/real-node-upgrade.log" upgrade::
+all && run_scenarios "$CLUSTER_DIR/logs/real-node-upgrade.log" upgrade:: --skip driver_upgrade::
 if [[ -n "${KEEP_CLUSTER:-}" ]]; then
   kept=1
   echo "real-nodes: cluster kept in $CLUSTER_DIR (KUBECONFIG=$KUBECONFIG_FILE)"

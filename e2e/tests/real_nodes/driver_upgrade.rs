@@ -7,8 +7,9 @@
 //! are gone before the driver may load, the new driver is proven by the validator, the plugin
 //! republishes with the new `driverVersion`, the node comes back and the Deployment's pod runs
 //! there again. Then two nodes asked at once with `maxUnavailable: 1`: never both out. Last a
-//! driver that fails validation: the node fails, stays cordoned, the rollout stops and says so;
-//! a working driver put in place finishes it and the rollout goes on.
+//! driver that fails validation: the node fails, stays cordoned, the rollout stops and says so
+//! (Events, the GPUCluster's status, the chart's alert in Prometheus); a working driver put in
+//! place finishes it and the rollout goes on.
 
 use anyhow::{bail, ensure};
 use e2e::eventually;
@@ -497,6 +498,14 @@ async fn a_driver_failing_validation_stops_the_rollout(cluster: &RealNodes) -> a
                 }),
             )
             .await?;
+        let prometheus = cluster.prometheus()?;
+        cluster
+            .step(
+                "Prometheus: the chart's GPUDriverUpgradeFailed alert fires for the node",
+                node,
+                prometheus.wait_alert("GPUDriverUpgradeFailed", node, true, Duration::from_secs(120)),
+            )
+            .await?;
         cluster.upgrade_driver(node, "595.58.03", false)?;
         cluster
             .step(
@@ -523,6 +532,13 @@ async fn a_driver_failing_validation_stops_the_rollout(cluster: &RealNodes) -> a
                         ))
                     }
                 }),
+            )
+            .await?;
+        cluster
+            .step(
+                "Prometheus: GPUDriverUpgradeFailed resolves",
+                node,
+                prometheus.wait_alert("GPUDriverUpgradeFailed", node, false, Duration::from_secs(120)),
             )
             .await
     }
