@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use api::AllocationMode;
 use api::handover::{Handover, Phase};
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 
 use super::context::Context;
 use super::error::Error;
@@ -133,7 +132,7 @@ pub(super) async fn drain(
                 node: name.to_owned(),
                 source,
             })?;
-        let pod_name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        let pod_name = crate::claims::pod_name(pod);
         match &result {
             Eviction::Evicted => {
                 tracing::info!(node = %name, pod = %pod_name, "evicted");

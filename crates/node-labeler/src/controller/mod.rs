@@ -100,7 +100,8 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
     // over-booked.
     let upgrade_record = upgrade::record(annotations);
     let handover_may_start = state.is_none() && plan.switch.is_some();
-    let upgrade_may_start = upgrade::wanted(labels, annotations)
+    let upgrade_wanted = upgrade::wanted(labels, annotations);
+    let upgrade_may_start = upgrade_wanted
         && upgrade_record
             .as_ref()
             .is_none_or(|u| u.phase == UpgradePhase::Failed);
@@ -130,10 +131,7 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         state: state.as_ref(),
         switch: plan.switch,
         ready: facts.ready,
-        holders: &holding
-            .iter()
-            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-            .collect::<Vec<_>>(),
+        holders: &holding.iter().map(claims::pod_name).collect::<Vec<_>>(),
         now: jiff::Timestamp::now().as_second(),
         drain: migration.drain,
         deadline_secs: i64::from(migration.progress_deadline_seconds),
@@ -152,6 +150,8 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
             name: &name,
             labels,
             annotations,
+            record: upgrade_record,
+            wanted: upgrade_wanted,
             served,
             ready: facts.ready,
             migration: &migration,

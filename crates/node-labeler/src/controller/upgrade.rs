@@ -18,7 +18,7 @@ use super::context::Context;
 use super::error::Error;
 use super::execute::{cordon_err, drain};
 use super::node_ops;
-use crate::claims;
+use crate::claims::{self, pod_name};
 use crate::driver_upgrade::{self, Inputs, Operands, Step};
 use crate::events::UpgradeQueue;
 
@@ -112,6 +112,10 @@ pub(super) struct Request<'a> {
     pub name: &'a str,
     pub labels: &'a BTreeMap<String, String>,
     pub annotations: &'a BTreeMap<String, String>,
+    /// The node's recorded upgrade ([`record`]).
+    pub record: Option<DriverUpgrade>,
+    /// The node asks for an upgrade ([`wanted`]).
+    pub wanted: bool,
     /// A `GPUCluster` exists and is not being deleted.
     pub served: bool,
     /// Planes ready on the node (validator passed, every GPU offered).
@@ -130,8 +134,7 @@ pub(super) async fn run(ctx: &Context, r: &Request<'_>) -> Result<Outcome, Error
     if ctx.cluster_policy.borrow().unwrap_or(false) {
         return Ok(Outcome::idle());
     }
-    let record = record(r.annotations);
-    let wanted = wanted(r.labels, r.annotations);
+    let (record, wanted) = (r.record.clone(), r.wanted);
     if record.is_none() && !wanted {
         ctx.metrics.set_upgrade_state(r.name, None);
         return Ok(Outcome::idle());
@@ -271,10 +274,6 @@ pub(super) async fn run(ctx: &Context, r: &Request<'_>) -> Result<Outcome, Error
     }
     out.step = step;
     Ok(out)
-}
-
-fn pod_name(pod: &Pod) -> String {
-    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
 /// What runs on a node whose driver's clients are paused.

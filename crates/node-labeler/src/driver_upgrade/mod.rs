@@ -8,6 +8,8 @@
 use api::driver_upgrade::{DriverUpgrade, UpgradePhase, state};
 use api::gpucluster::DrainPolicy;
 
+use crate::claims::named;
+
 /// What the step machine looks at.
 #[derive(Clone, Copy, Debug)]
 pub struct Inputs<'a> {
@@ -120,17 +122,6 @@ pub enum Operands {
     },
     /// Running: pause values the upgrade set are taken back.
     Resume,
-}
-
-/// Pods named in a failure's reason at most.
-const NAMED_PODS: usize = 5;
-
-fn named(pods: &[String]) -> String {
-    let mut text = pods[..pods.len().min(NAMED_PODS)].join(", ");
-    if pods.len() > NAMED_PODS {
-        text.push_str(&format!(" and {} more", pods.len() - NAMED_PODS));
-    }
-    text
 }
 
 fn failed(record: &DriverUpgrade, i: &Inputs<'_>, reason: String, uncordon: bool) -> Step {

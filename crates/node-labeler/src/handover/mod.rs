@@ -6,6 +6,7 @@ use api::AllocationMode;
 use api::gpucluster::DrainPolicy;
 use api::handover::{Handover, Phase, Rollback};
 
+use crate::claims::named;
 use crate::plan::ReadyPlanes;
 
 /// What the step machine looks at.
@@ -114,20 +115,14 @@ impl Step {
     }
 }
 
-/// Pods named in a drain timeout's reason at most.
-const NAMED_PODS: usize = 5;
-
 /// Why a drain gave up: how many pods held which plane's GPUs, for how long, and which.
 fn drain_timeout_reason(state: &Handover, i: &Inputs<'_>) -> String {
-    let mut pods = i.holders[..i.holders.len().min(NAMED_PODS)].join(", ");
-    if i.holders.len() > NAMED_PODS {
-        pods.push_str(&format!(" and {} more", i.holders.len() - NAMED_PODS));
-    }
     format!(
-        "{} pod(s) still held {} GPUs after {}s of draining: {pods}",
+        "{} pod(s) still held {} GPUs after {}s of draining: {}",
         i.holders.len(),
         state.from,
-        i.deadline_secs
+        i.deadline_secs,
+        named(i.holders)
     )
 }
 
