@@ -5,5 +5,6 @@ pub mod controller;
 pub mod driver_upgrade;
 pub mod events;
 pub mod handover;
+pub mod names;
 pub mod offers;
 pub mod plan;

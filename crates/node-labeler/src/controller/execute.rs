@@ -132,7 +132,7 @@ pub(super) async fn drain(
                 node: name.to_owned(),
                 source,
             })?;
-        let pod_name = crate::claims::pod_name(pod);
+        let pod_name = crate::names::pod_name(pod);
         match &result {
             Eviction::Evicted => {
                 tracing::info!(node = %name, pod = %pod_name, "evicted");

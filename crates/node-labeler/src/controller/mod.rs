@@ -27,6 +27,7 @@ use crate::claims;
 use crate::driver_upgrade::Step as UpgradeStep;
 use crate::events;
 use crate::handover::{self, Step};
+use crate::names;
 use crate::plan::{self, DEFERRED_RECHECK, GpuClaims, Hold, NodeFacts};
 
 mod context;
@@ -131,7 +132,7 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, ctx: Arc<Context>) -> Res
         state: state.as_ref(),
         switch: plan.switch,
         ready: facts.ready,
-        holders: &holding.iter().map(claims::pod_name).collect::<Vec<_>>(),
+        holders: &holding.iter().map(names::pod_name).collect::<Vec<_>>(),
         now: jiff::Timestamp::now().as_second(),
         drain: migration.drain,
         deadline_secs: i64::from(migration.progress_deadline_seconds),

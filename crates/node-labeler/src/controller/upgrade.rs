@@ -18,9 +18,10 @@ use super::context::Context;
 use super::error::Error;
 use super::execute::{cordon_err, drain};
 use super::node_ops;
-use crate::claims::{self, pod_name};
+use crate::claims;
 use crate::driver_upgrade::{self, Inputs, Operands, Step};
 use crate::events::UpgradeQueue;
+use crate::names::pod_name;
 
 /// DaemonSets whose pods hold the driver open, the plugins aside: paused (and awaited) before
 /// the driver changes.

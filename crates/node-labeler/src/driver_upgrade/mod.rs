@@ -8,7 +8,7 @@
 use api::driver_upgrade::{DriverUpgrade, UpgradePhase, state};
 use api::gpucluster::DrainPolicy;
 
-use crate::claims::named;
+use crate::names::named;
 
 /// What the step machine looks at.
 #[derive(Clone, Copy, Debug)]

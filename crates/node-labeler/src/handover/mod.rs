@@ -6,7 +6,7 @@ use api::AllocationMode;
 use api::gpucluster::DrainPolicy;
 use api::handover::{Handover, Phase, Rollback};
 
-use crate::claims::named;
+use crate::names::named;
 use crate::plan::ReadyPlanes;
 
 /// What the step machine looks at.
