@@ -5,10 +5,10 @@
 //! file itself (see [`EMBEDDED_MARKER`]). Every field is optional:
 //! `{"profile": "h100-sxm5-80gb", "gpu_count": 2, "driver_version": "580.95.05", "visible_dev_dir": "/dev", "faults":
 //! {"init_error": "driver-not-loaded", "lost_gpus": [1], "xid_events": [{"gpu": 0, "xid": 79}],
-//! "ecc_events": [{"gpu": 1, "kind": "double-bit"}]}}`.
+//! "ecc_events": [{"gpu": 1, "kind": "double-bit"}], "mig_failures": ["create-compute-instance"]}}`.
 //! Env overrides: `MOCK_NVML_PROFILE`, `MOCK_NVML_GPU_COUNT`, `MOCK_NVML_INIT_ERROR`,
 //! `MOCK_NVML_LOST_GPUS` (`0,2`), `MOCK_NVML_XID` (`gpu:xid,...`), `MOCK_NVML_ECC`
-//! (`gpu:single-bit|double-bit,...`).
+//! (`gpu:single-bit|double-bit,...`), `MOCK_NVML_MIG_FAIL` (`create-gpu-instance,...`).
 //!
 //! The profile and GPU count are read at the first `nvmlInit`. The control file is read again
 //! whenever it changes while NVML is open; its faults then replace those in force, and its XID
@@ -79,6 +79,10 @@ pub struct Faults {
     /// ECC error events waiting to be delivered to event sets.
     #[serde(default)]
     pub ecc_events: Vec<EccEvent>,
+    /// Partitioning steps that fail (`create-gpu-instance`, `create-compute-instance`,
+    /// `destroy-compute-instance`, `destroy-gpu-instance`, `set-mig-mode`).
+    #[serde(default)]
+    pub mig_failures: Vec<crate::partitioning::Step>,
 }
 
 /// How `nvmlInit*` fails.
@@ -156,6 +160,14 @@ impl Config {
             self.faults.ecc_events = parse_list(&eccs, parse_ecc).ok_or_else(|| {
                 format!("MOCK_NVML_ECC={eccs:?}, expected gpu:single-bit|double-bit,...")
             })?;
+        }
+        if let Some(steps) = get("MOCK_NVML_MIG_FAIL") {
+            self.faults.mig_failures =
+                parse_list(&steps, crate::partitioning::Step::parse).ok_or_else(|| {
+                    format!(
+                        "MOCK_NVML_MIG_FAIL={steps:?}, expected set-mig-mode, create-gpu-instance, create-compute-instance, destroy-compute-instance or destroy-gpu-instance,..."
+                    )
+                })?;
         }
         Ok(self)
     }
@@ -246,6 +258,10 @@ mod tests {
             ("MOCK_NVML_LOST_GPUS", "0, 1"),
             ("MOCK_NVML_XID", "1:48,0:79"),
             ("MOCK_NVML_ECC", "1:double-bit"),
+            (
+                "MOCK_NVML_MIG_FAIL",
+                "create-gpu-instance, destroy-gpu-instance",
+            ),
         ];
         let cfg = cfg.apply_env(env(&vars)).unwrap();
         assert_eq!(cfg.profile.as_deref(), Some("t4"));
@@ -259,6 +275,13 @@ mod tests {
                 gpu: 1,
                 kind: EccKind::DoubleBit
             }]
+        );
+        assert_eq!(
+            cfg.faults.mig_failures,
+            vec![
+                crate::partitioning::Step::CreateGpuInstance,
+                crate::partitioning::Step::DestroyGpuInstance
+            ]
         );
     }
 

@@ -350,3 +350,146 @@ fn a_driver_root_of_another_version_reports_it() {
     };
     assert_eq!(driver_version(newer), "590.48.01");
 }
+
+/// Creates a GPU instance of `profile_id` at `start` (placement size `size`) on `gpu`.
+fn create_gi(
+    gpu: nvmlDevice_t,
+    profile_id: c_uint,
+    start: c_uint,
+    size: c_uint,
+) -> Result<nvmlGpuInstance_t, nvmlReturn_t> {
+    let placement = nvmlGpuInstancePlacement_t { start, size };
+    let mut gi = null_mut();
+    // SAFETY: valid pointers.
+    match unsafe { nvmlDeviceCreateGpuInstanceWithPlacement(gpu, profile_id, &placement, &mut gi) }
+    {
+        nvmlReturn_enum_NVML_SUCCESS => Ok(gi),
+        e => Err(e),
+    }
+}
+
+/// Creates the compute instance spanning all of `gi`, `slices` compute slices, the way a caller
+/// does: the profile info first, then the instance of the id it reports.
+fn create_ci(
+    gi: nvmlGpuInstance_t,
+    profile: c_uint,
+) -> Result<nvmlComputeInstance_t, nvmlReturn_t> {
+    // SAFETY: the info struct is plain data; valid out-pointers.
+    unsafe {
+        let mut info: nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+        let ret = nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi,
+            profile,
+            NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            &mut info,
+        );
+        if ret != 0 {
+            return Err(ret);
+        }
+        let mut ci = null_mut();
+        match nvmlGpuInstanceCreateComputeInstance(gi, info.id, &mut ci) {
+            nvmlReturn_enum_NVML_SUCCESS => Ok(ci),
+            e => Err(e),
+        }
+    }
+}
+
+fn mig_on(gpu: nvmlDevice_t) -> nvmlReturn_t {
+    let mut activation = 99;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { nvmlDeviceSetMigMode(gpu, 1, &mut activation) }, 0);
+    activation
+}
+
+#[test]
+fn a_gpu_is_partitioned_and_cleared_through_the_c_calls() {
+    let _s = start("h100-sxm5-80gb", 1, Faults::default());
+    let gpu = device(0);
+    assert_eq!(
+        create_gi(gpu, 9, 4, 4),
+        Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        "MIG is off"
+    );
+    assert_eq!(mig_on(gpu), 0, "Hopper changes mode without a reset");
+    let three = create_gi(gpu, 9, 4, 4).unwrap();
+    assert_eq!(
+        create_gi(gpu, 19, 5, 1),
+        Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES)
+    );
+    assert_eq!(
+        create_gi(gpu, 9, 4, 2),
+        Err(INVALID),
+        "wrong placement size"
+    );
+    let three_ci = create_ci(three, NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE).unwrap();
+    let one = create_gi(gpu, 19, 0, 1).unwrap();
+    create_ci(one, NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE).unwrap();
+
+    let uuids: Vec<String> = (0..2).map(|i| uuid(mig(gpu, i).unwrap())).collect();
+    assert!(uuids.iter().all(|u| u.starts_with("MIG-")) && uuids[0] != uuids[1]);
+    assert_eq!(mig(gpu, 2), Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND));
+
+    // SAFETY: plain-data info struct; valid pointers and array sizes.
+    unsafe {
+        let mut info: nvmlComputeInstanceInfo_t = std::mem::zeroed();
+        assert_eq!(nvmlComputeInstanceGetInfo_v2(three_ci, &mut info), 0);
+        assert_eq!((info.gpuInstance, info.id, info.profileId), (three, 0, 2));
+        let mut id = 0;
+        assert_eq!(nvmlDeviceGetGpuInstanceId(info.device, &mut id), 0);
+        assert_eq!(id, 1);
+
+        let mut listed = [null_mut(); 2];
+        let mut count = 0;
+        assert_eq!(
+            nvmlDeviceGetGpuInstances(gpu, 9, listed.as_mut_ptr(), &mut count),
+            0
+        );
+        assert_eq!((count, listed[0]), (1, three));
+        assert_eq!(
+            nvmlGpuInstanceDestroy(three),
+            nvmlReturn_enum_NVML_ERROR_IN_USE
+        );
+        assert_eq!(nvmlComputeInstanceDestroy(three_ci), 0);
+        assert_eq!(nvmlGpuInstanceDestroy(three), 0);
+        assert_eq!(nvmlGpuInstanceDestroy(three), INVALID, "already gone");
+        let mut gi = null_mut();
+        assert_eq!(
+            nvmlDeviceGetGpuInstanceById(gpu, 1, &mut gi),
+            nvmlReturn_enum_NVML_ERROR_NOT_FOUND
+        );
+    }
+    assert_eq!(uuid(mig(gpu, 0).unwrap()), uuids[1], "the 1g is left");
+}
+
+#[test]
+fn an_injected_failure_fails_its_step_and_changes_nothing() {
+    let faults = Faults {
+        mig_failures: vec![crate::partitioning::Step::CreateComputeInstance],
+        ..Faults::default()
+    };
+    let _s = start("h100-sxm5-80gb", 1, faults);
+    let gpu = device(0);
+    mig_on(gpu);
+    let gi = create_gi(gpu, 14, 0, 2).unwrap();
+    assert_eq!(
+        create_ci(gi, NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE),
+        Err(nvmlReturn_enum_NVML_ERROR_UNKNOWN)
+    );
+    assert_eq!(mig(gpu, 0), Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND));
+    // SAFETY: valid handle.
+    assert_eq!(unsafe { nvmlGpuInstanceDestroy(gi) }, 0);
+}
+
+#[test]
+fn an_ampere_gpu_keeps_its_mode_until_a_reset() {
+    let _s = start("a100-sxm4-40gb", 1, Faults::default());
+    let gpu = device(0);
+    assert_eq!(mig_on(gpu), nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED);
+    let (mut current, mut pending) = (9, 9);
+    // SAFETY: valid out-pointers.
+    assert_eq!(
+        unsafe { nvmlDeviceGetMigMode(gpu, &mut current, &mut pending) },
+        0
+    );
+    assert_eq!((current, pending), (0, 1));
+}

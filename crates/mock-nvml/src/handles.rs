@@ -29,6 +29,16 @@ pub enum Handle {
     },
     /// An event set, by its number.
     EventSet(u32),
+    /// A compute instance, by parent GPU index, GPU-instance id and compute-instance id (each id
+    /// below 128).
+    ComputeInstance {
+        /// Index of the parent GPU.
+        gpu: u32,
+        /// GPU-instance id.
+        gi: u32,
+        /// Compute-instance id.
+        ci: u32,
+    },
 }
 
 impl Handle {
@@ -39,6 +49,7 @@ impl Handle {
             Handle::Mig { gpu, slot } => (2, gpu, slot),
             Handle::GpuInstance { gpu, id } => (3, gpu, id),
             Handle::EventSet(n) => (4, n, 0),
+            Handle::ComputeInstance { gpu, gi, ci } => (5, gpu, (gi & 0x7f) << 7 | (ci & 0x7f)),
         };
         let value = (MAGIC << 32)
             | (kind << (2 * FIELD_BITS))
@@ -61,6 +72,11 @@ impl Handle {
             2 => Some(Handle::Mig { gpu: a, slot: b }),
             3 => Some(Handle::GpuInstance { gpu: a, id: b }),
             4 if b == 0 => Some(Handle::EventSet(a)),
+            5 => Some(Handle::ComputeInstance {
+                gpu: a,
+                gi: b >> 7,
+                ci: b & 0x7f,
+            }),
             _ => None,
         }
     }
@@ -77,6 +93,11 @@ mod tests {
             Handle::Mig { gpu: 3, slot: 2 },
             Handle::GpuInstance { gpu: 1, id: 13 },
             Handle::EventSet(42),
+            Handle::ComputeInstance {
+                gpu: 2,
+                gi: 14,
+                ci: 3,
+            },
         ] {
             assert_eq!(Handle::decode(h.encode()), Some(h));
         }

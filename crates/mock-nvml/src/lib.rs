@@ -15,6 +15,7 @@ mod ffi_policy;
 #[cfg(test)]
 mod ffi_tests;
 mod handles;
+mod partitioning;
 mod profile;
 mod settings;
 mod state;

@@ -55,13 +55,18 @@ pub enum AddressingMode {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MigSupport {
-    /// Whether MIG mode is on (current and pending).
+    /// Whether MIG mode is on (current and pending) until a process changes it.
     pub enabled: bool,
+    /// Whether a change of MIG mode waits for a GPU reset (Ampere): it stays pending and the
+    /// current mode is unchanged.
+    #[serde(default)]
+    pub mode_change_needs_reset: bool,
     /// What `nvmlDeviceGetMaxMigDeviceCount` reports.
     pub max_devices: u32,
     /// The GPU-instance profiles the GPU offers.
     pub profiles: Vec<GiProfile>,
-    /// MIG devices present on every GPU while MIG is on.
+    /// MIG devices present on every GPU while MIG is on, until a process creates or destroys
+    /// instances.
     #[serde(default)]
     pub layout: Vec<LayoutEntry>,
 }
@@ -134,6 +139,7 @@ const SHIPPED: &[(&str, &str)] = &[
         include_str!("../profiles/h100-sxm5-80gb.json"),
     ),
     ("h200", include_str!("../profiles/h200.json")),
+    ("b200", include_str!("../profiles/b200.json")),
     ("l4", include_str!("../profiles/l4.json")),
     ("t4", include_str!("../profiles/t4.json")),
     ("gb200", include_str!("../profiles/gb200.json")),

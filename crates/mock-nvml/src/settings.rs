@@ -1,5 +1,6 @@
 //! Settings an administrator changes on a GPU and the kernel driver keeps across processes: the
-//! compute mode and the compute time-slice. The mock keeps them in a JSON file, so one process
+//! compute mode, the compute time-slice, and the MIG mode and instances once a process changed
+//! them. The mock keeps them in a JSON file, so one process
 //! (the driver's `nvidia-smi`, run by the DRA plugin) changes what another (`nvidia-smi` run on
 //! the node) reads afterwards, as on a real node. The file is `$MOCK_NVML_STATE`, else
 //! `run/mock-nvml/state.json` under the root the library is installed in (the library in
@@ -7,8 +8,9 @@
 //! plugin's through its driver-root mount included), else `mock-nvml-state.json` beside the
 //! library.
 //!
-//! The file maps GPU UUIDs to `{"computeMode": N, "timeslice": N}`; a GPU absent from it is at the
-//! driver's defaults (compute mode `DEFAULT`, time-slice `DEFAULT`). Writers lock the file, read,
+//! The file maps GPU UUIDs to `{"computeMode": N, "timeslice": N, "mig": {...}}`; a GPU absent
+//! from it is at the driver's defaults (compute mode `DEFAULT`, time-slice `DEFAULT`, MIG as its
+//! profile says). Writers lock the file, read,
 //! change and replace it atomically, so concurrent `nvidia-smi` runs never lose an update. Where
 //! the file cannot be written (a read-only bind mount in a workload container) a change answers
 //! `NVML_ERROR_NO_PERMISSION`, as the real driver answers an unprivileged caller.
@@ -29,7 +31,7 @@ const STATE_UNDER_ROOT: &str = "run/mock-nvml/state.json";
 pub const MAX_TIMESLICE: u32 = 3;
 
 /// One GPU's settings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuSettings {
     /// `nvmlComputeMode_t`: 0 default, 2 exclusive process, 1 and 3 prohibited/legacy.
@@ -38,6 +40,37 @@ pub struct GpuSettings {
     /// Compute time-slice: 0 default, 1 short, 2 medium, 3 long.
     #[serde(default)]
     pub timeslice: u32,
+    /// MIG mode and instances, once a process changed them (until then, the profile's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigRecord>,
+}
+
+/// A GPU's MIG mode and the instances on it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigRecord {
+    /// The mode in force.
+    pub current: bool,
+    /// The mode after the next GPU reset (equal to `current` unless a change waits for one).
+    pub pending: bool,
+    /// GPU instances.
+    #[serde(default)]
+    pub gpu_instances: Vec<GpuInstanceRecord>,
+}
+
+/// One GPU instance and its compute instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInstanceRecord {
+    /// GPU-instance id.
+    pub id: u32,
+    /// GPU-instance profile id.
+    pub profile_id: u32,
+    /// First memory slice.
+    pub start: u32,
+    /// Compute instances: id and compute-instance profile id.
+    #[serde(default)]
+    pub compute_instances: Vec<(u32, u32)>,
 }
 
 /// Where the settings live: a file, or (for in-process tests) memory.
@@ -63,6 +96,12 @@ impl Store {
         }
     }
 
+    /// What tells the file's content from the one last read (`None` in memory or while there is
+    /// no file).
+    pub fn stamp(&self) -> Option<crate::state::Stamp> {
+        self.file.as_deref().and_then(crate::state::stamp)
+    }
+
     /// `$MOCK_NVML_STATE`, else the settings file of the install `library` belongs to.
     pub fn for_library(library: Option<&Path>) -> Self {
         let file = std::env::var_os(STATE_ENV)
@@ -74,8 +113,8 @@ impl Store {
     /// The settings of the GPU with `uuid`.
     pub fn get(&self, uuid: &str) -> GpuSettings {
         match &self.file {
-            Some(file) => read(file).get(uuid).copied().unwrap_or_default(),
-            None => self.memory.get(uuid).copied().unwrap_or_default(),
+            Some(file) => read(file).remove(uuid).unwrap_or_default(),
+            None => self.memory.get(uuid).cloned().unwrap_or_default(),
         }
     }
 

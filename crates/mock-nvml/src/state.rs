@@ -3,8 +3,9 @@
 
 use crate::config::{self, Config, EccKind, Faults, InitFault};
 use crate::handles::Handle;
-use crate::profile;
-use crate::settings::Store;
+use crate::partitioning::Step;
+use crate::profile::{self, MigSupport};
+use crate::settings::{MigRecord, Store};
 use crate::topology::{Gpu, MigDevice, Topology};
 use nvml_wrapper_sys::bindings::*;
 use std::collections::{HashMap, VecDeque};
@@ -40,8 +41,12 @@ pub struct Session {
     event_sets: HashMap<u32, Vec<(u32, u64)>>,
     next_set: u32,
     control: Option<(PathBuf, Option<Stamp>)>,
-    /// The GPUs' compute mode and time-slice, kept across processes.
+    /// The GPUs' compute mode, time-slice and MIG state, kept across processes.
     pub settings: Store,
+    /// The settings file's stamp when the MIG state was last read from it.
+    mig_seen: Option<Option<Stamp>>,
+    /// Partitioning steps made to fail.
+    mig_failures: Vec<Step>,
 }
 
 /// A queued device event, as NVML reports it.
@@ -198,8 +203,11 @@ fn session_from(cfg: Config, control: Option<PathBuf>, settings: Store) -> Resul
             (p, stamp)
         }),
         settings,
+        mig_seen: None,
+        mig_failures: Vec::new(),
     };
     session.apply_faults(cfg.faults);
+    session.reload_mig();
     Ok(session)
 }
 
@@ -268,9 +276,10 @@ fn mapping_path(line: &str, address: usize) -> Option<PathBuf> {
 }
 
 /// What tells a changed control file from the one last read (an atomic replace changes the inode).
-type Stamp = (SystemTime, u64, u64);
+pub type Stamp = (SystemTime, u64, u64);
 
-fn stamp(path: &Path) -> Option<Stamp> {
+/// The stamp of `path`; `None` while it does not exist.
+pub fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len(), meta.ino()))
@@ -344,7 +353,69 @@ impl Session {
             .map(|e| (Handle::Gpu(e.gpu), e)))
     }
 
+    /// Changes the MIG state of the GPU with NVML index `index` by `change`, from the state the
+    /// settings file holds now, and keeps the result there; a fault injected into `step` fails it
+    /// with `NVML_ERROR_UNKNOWN` and changes nothing.
+    pub fn partition<T>(
+        &mut self,
+        index: u32,
+        step: Step,
+        change: impl FnOnce(&MigSupport, &mut MigRecord) -> Result<T, Ret>,
+    ) -> Result<T, Ret> {
+        self.check_alive(index)?;
+        let support = self
+            .topology
+            .mig_support()
+            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?
+            .clone();
+        let gpu = self
+            .topology
+            .gpu(index)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        if self.mig_failures.contains(&step) {
+            return Err(nvmlReturn_enum_NVML_ERROR_UNKNOWN);
+        }
+        let uuid = gpu.uuid.clone();
+        let mut outcome = Err(nvmlReturn_enum_NVML_ERROR_UNKNOWN);
+        let mut changed = None;
+        self.settings
+            .update(&uuid, |settings| {
+                let mut record = settings
+                    .mig
+                    .clone()
+                    .unwrap_or_else(|| crate::topology::initial_mig(&support));
+                outcome = change(&support, &mut record);
+                if outcome.is_ok() {
+                    settings.mig = Some(record.clone());
+                    changed = Some(record);
+                }
+            })
+            .map_err(|_| nvmlReturn_enum_NVML_ERROR_NO_PERMISSION)?;
+        if let Some(record) = changed {
+            self.topology.set_mig(index, Some(record));
+            self.mig_seen = Some(self.settings.stamp());
+        }
+        outcome
+    }
+
+    /// Reads the GPUs' MIG state again when another process changed the settings file.
+    fn reload_mig(&mut self) {
+        let now = self.settings.stamp();
+        if self.mig_seen == Some(now) {
+            return;
+        }
+        for index in 0..self.topology.gpus.len() as u32 {
+            let record = self
+                .settings
+                .get(&self.topology.gpus[index as usize].uuid)
+                .mig;
+            self.topology.set_mig(index, record);
+        }
+        self.mig_seen = Some(now);
+    }
+
     fn apply_faults(&mut self, faults: Faults) {
+        self.mig_failures = faults.mig_failures;
         self.lost = faults.lost_gpus;
         let xids = faults.xid_events.iter().map(|x| Event {
             gpu: x.gpu,
@@ -363,8 +434,9 @@ impl Session {
         EVENTS.notify_all();
     }
 
-    /// Re-reads the control file when it changed since the last look.
+    /// Re-reads the control file and the GPUs' MIG state when they changed since the last look.
     fn refresh(&mut self) {
+        self.reload_mig();
         let Some((path, seen)) = &self.control else {
             return;
         };

@@ -1,6 +1,7 @@
 //! The concrete GPUs and MIG devices a profile and a GPU count produce.
 
-use crate::profile::{GiProfile, Profile};
+use crate::profile::{GiProfile, MigSupport, Profile};
+use crate::settings::{GpuInstanceRecord, MigRecord};
 
 /// Most GPUs one topology may hold (the handle encoding leaves room for more; real nodes have 8).
 pub const MAX_GPUS: u32 = 64;
@@ -12,6 +13,8 @@ pub struct Topology {
     pub profile: Profile,
     /// GPUs in NVML index order.
     pub gpus: Vec<Gpu>,
+    /// What UUIDs derive from.
+    seed: u64,
 }
 
 /// One physical GPU.
@@ -29,7 +32,9 @@ pub struct Gpu {
     pub pci_bus: u32,
     /// PCI domain (one per 8 GPUs).
     pub pci_domain: u32,
-    /// MIG devices present on it.
+    /// MIG mode and instances.
+    pub mig: MigRecord,
+    /// MIG devices present on it: one per compute instance, while MIG is on.
     pub migs: Vec<MigDevice>,
 }
 
@@ -40,12 +45,24 @@ pub struct MigDevice {
     pub uuid: String,
     /// The GPU-instance profile it was created from.
     pub profile: GiProfile,
-    /// First memory slice.
-    pub start: u32,
     /// GPU-instance id.
     pub gpu_instance_id: u32,
     /// Compute-instance id.
     pub compute_instance_id: u32,
+}
+
+/// The `NVML_COMPUTE_INSTANCE_PROFILE_*` index of a compute instance spanning `slices` compute
+/// slices (the header's order: 1, 2, 3, 4, 7, 8, 6 slices).
+pub fn compute_profile_for(slices: u32) -> Option<u32> {
+    [1, 2, 3, 4, 7, 8, 6]
+        .iter()
+        .position(|s| *s == slices)
+        .map(|i| i as u32)
+}
+
+/// Compute slices of the `NVML_COMPUTE_INSTANCE_PROFILE_*` index `profile` (`1_SLICE_REV1` is 1).
+pub fn compute_profile_slices(profile: u32) -> Option<u32> {
+    [1, 2, 3, 4, 7, 8, 6, 1].get(profile as usize).copied()
 }
 
 impl Topology {
@@ -60,7 +77,11 @@ impl Topology {
         let gpus = (0..count)
             .map(|index| build_gpu(&profile, seed, index))
             .collect();
-        Ok(Self { profile, gpus })
+        Ok(Self {
+            profile,
+            gpus,
+            seed,
+        })
     }
 
     /// Keeps the GPUs whose device node `visible(minor)` says this process can see, renumbering
@@ -77,10 +98,75 @@ impl Topology {
         self.gpus.get(index as usize)
     }
 
-    /// Whether MIG mode is on for the GPUs.
-    pub fn mig_enabled(&self) -> bool {
-        self.profile.mig.as_ref().is_some_and(|m| m.enabled)
+    /// The MIG capability of the GPUs' model.
+    pub fn mig_support(&self) -> Option<&MigSupport> {
+        self.profile.mig.as_ref()
     }
+
+    /// Puts the GPU with NVML index `index` in MIG state `record` (`None`: the profile's), and
+    /// lists its MIG devices anew. GPU instances of profiles the model lacks are dropped.
+    pub fn set_mig(&mut self, index: u32, record: Option<MigRecord>) {
+        let seed = self.seed;
+        let Some(mig) = self.profile.mig.clone() else {
+            return;
+        };
+        let Some(gpu) = self.gpus.get_mut(index as usize) else {
+            return;
+        };
+        gpu.mig = record.unwrap_or_else(|| initial_mig(&mig));
+        gpu.migs = mig_devices(&mig, &gpu.mig, seed, gpu.minor);
+    }
+}
+
+/// The MIG state a GPU of this model starts in: its mode and layout.
+pub fn initial_mig(mig: &MigSupport) -> MigRecord {
+    let gpu_instances = if mig.enabled {
+        mig.layout
+            .iter()
+            .filter_map(|entry| {
+                let gi = mig.profiles.iter().find(|p| p.name == entry.profile)?;
+                Some(GpuInstanceRecord {
+                    id: entry.gpu_instance_id,
+                    profile_id: gi.id,
+                    start: entry.start,
+                    compute_instances: vec![(
+                        entry.compute_instance_id,
+                        compute_profile_for(gi.slices)?,
+                    )],
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    MigRecord {
+        current: mig.enabled,
+        pending: mig.enabled,
+        gpu_instances,
+    }
+}
+
+/// One MIG device per compute instance of `record` while MIG is on, in GPU-instance order.
+fn mig_devices(mig: &MigSupport, record: &MigRecord, seed: u64, minor: u32) -> Vec<MigDevice> {
+    if !record.current {
+        return Vec::new();
+    }
+    let mut devices = Vec::new();
+    for gi in &record.gpu_instances {
+        let Some(profile) = mig.profiles.iter().find(|p| p.id == gi.profile_id) else {
+            continue;
+        };
+        for (ci, _) in &gi.compute_instances {
+            let key = seed ^ (u64::from(minor) << 32) ^ (u64::from(gi.id) << 8) ^ u64::from(*ci);
+            devices.push(MigDevice {
+                uuid: format_uuid("MIG-", fnv1a(&key.to_le_bytes())),
+                profile: profile.clone(),
+                gpu_instance_id: gi.id,
+                compute_instance_id: *ci,
+            });
+        }
+    }
+    devices
 }
 
 fn build_gpu(profile: &Profile, seed: u64, index: u32) -> Gpu {
@@ -92,24 +178,12 @@ fn build_gpu(profile: &Profile, seed: u64, index: u32) -> Gpu {
     // domain per baseboard, so bus numbers stay below 0x100 however many GPUs there are.
     let (pci_domain, slot) = (index / 8, index % 8);
     let pci_bus = 0x07 + slot * 8 + (slot / 2) * 0x30;
-    let migs = match &profile.mig {
-        Some(mig) if mig.enabled => mig
-            .layout
-            .iter()
-            .filter_map(|entry| {
-                let gi = mig.profiles.iter().find(|p| p.name == entry.profile)?;
-                let key = seed ^ (u64::from(index) << 32) ^ u64::from(entry.gpu_instance_id) << 8;
-                Some(MigDevice {
-                    uuid: format_uuid("MIG-", fnv1a(&key.to_le_bytes())),
-                    profile: gi.clone(),
-                    start: entry.start,
-                    gpu_instance_id: entry.gpu_instance_id,
-                    compute_instance_id: entry.compute_instance_id,
-                })
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
+    let mig = profile.mig.as_ref().map(initial_mig).unwrap_or_default();
+    let migs = profile
+        .mig
+        .as_ref()
+        .map(|support| mig_devices(support, &mig, seed, index))
+        .unwrap_or_default();
     Gpu {
         index,
         minor: index,
@@ -117,6 +191,7 @@ fn build_gpu(profile: &Profile, seed: u64, index: u32) -> Gpu {
         pci_bus_id: format!("{pci_domain:08X}:{pci_bus:02X}:00.0"),
         pci_domain,
         pci_bus,
+        mig,
         migs,
     }
 }
@@ -182,7 +257,8 @@ mod tests {
             let got: Vec<_> = gpu
                 .migs
                 .iter()
-                .map(|m| (m.profile.name.as_str(), m.start, m.gpu_instance_id))
+                .zip(&gpu.mig.gpu_instances)
+                .map(|(m, gi)| (m.profile.name.as_str(), gi.start, m.gpu_instance_id))
                 .collect();
             assert_eq!(
                 got,
@@ -195,7 +271,7 @@ mod tests {
     #[test]
     fn mig_off_means_no_mig_devices_and_too_many_gpus_is_refused() {
         let t = Topology::build(load("a100-sxm4-40gb").unwrap(), 1).unwrap();
-        assert!(t.gpus[0].migs.is_empty() && !t.mig_enabled());
+        assert!(t.gpus[0].migs.is_empty() && !t.gpus[0].mig.current);
         assert!(Topology::build(load("l4").unwrap(), MAX_GPUS + 1).is_err());
     }
 }

@@ -3,7 +3,9 @@
 // NVML's C names are kept as they are in the header and in the bindings.
 #![allow(non_snake_case, non_upper_case_globals)]
 
+use super::partition::gpu_instance_of;
 use super::*;
+use crate::partitioning;
 
 // --- MIG -------------------------------------------------------------------------------------
 
@@ -19,11 +21,10 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetMigMode(
     // SAFETY: forwarded caller contract; `pending` was checked for null.
     unsafe {
         query(device, current, |s, d| {
-            gpu_only(d)?;
+            let gpu = gpu_only(d)?;
             mig_capable(s)?;
-            let mode = c_uint::from(s.topology.mig_enabled());
-            pending.write(mode);
-            Ok(mode)
+            pending.write(c_uint::from(gpu.mig.pending));
+            Ok(c_uint::from(gpu.mig.current))
         })
     }
 }
@@ -50,9 +51,9 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 ) -> Ret {
     // SAFETY: forwarded caller contract.
     unsafe {
-        query(device, mig, |s, d| {
+        query(device, mig, |_, d| {
             let gpu = gpu_only(d).map_err(|_| INVALID)?;
-            if !s.topology.mig_enabled() {
+            if !gpu.mig.current {
                 return Err(INVALID);
             }
             gpu.migs.get(index as usize).ok_or(NOT_FOUND)?;
@@ -197,10 +198,10 @@ pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     unsafe {
         query(device, instance, |_, d| {
             let gpu = gpu_only(d)?;
-            gpu.migs
-                .iter()
-                .find(|m| m.gpu_instance_id == id)
-                .ok_or(NOT_FOUND)?;
+            if !gpu.mig.current {
+                return Err(NOT_SUPPORTED);
+            }
+            partitioning::gpu_instance(&gpu.mig, id)?;
             Ok(handle_ptr(Handle::GpuInstance { gpu: gpu.index, id }))
         })
     }
@@ -212,23 +213,15 @@ pub(crate) unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     info: *mut nvmlGpuInstanceInfo_t,
 ) -> Ret {
     collapse(state::with_session(|s| {
-        let Some(Handle::GpuInstance { gpu, id }) = Handle::decode(instance as usize) else {
-            return Err(INVALID);
-        };
-        let g = s.topology.gpu(gpu).ok_or(INVALID)?;
-        s.check_alive(gpu)?;
-        let m = g
-            .migs
-            .iter()
-            .find(|m| m.gpu_instance_id == id)
-            .ok_or(INVALID)?;
+        let (g, gi) = gpu_instance_of(s, instance)?;
+        let profile = partitioning::profile_by_id(mig_capable(s)?, gi.profile_id)?;
         let value = nvmlGpuInstanceInfo_t {
-            device: handle_ptr(Handle::Gpu(gpu)),
-            id,
-            profileId: m.profile.id,
+            device: handle_ptr(Handle::Gpu(g.index)),
+            id: gi.id,
+            profileId: gi.profile_id,
             placement: nvmlGpuInstancePlacement_t {
-                start: m.start,
-                size: m.profile.placement_size,
+                start: gi.start,
+                size: profile.placement_size,
             },
         };
         // SAFETY: forwarded caller contract.

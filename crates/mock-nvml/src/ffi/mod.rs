@@ -17,10 +17,11 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 mod attributes;
 mod events;
 mod mig;
+mod partition;
 
 // The tests call the exported functions by name, as a C caller would.
 #[cfg(test)]
-pub(crate) use {attributes::*, events::*, mig::*};
+pub(crate) use {attributes::*, events::*, mig::*, partition::*};
 
 pub(crate) const SUCCESS: Ret = nvmlReturn_enum_NVML_SUCCESS;
 pub(crate) const INVALID: Ret = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
