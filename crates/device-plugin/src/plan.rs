@@ -239,6 +239,7 @@ mod tests {
                     ofa_engines: 0,
                 })
                 .collect(),
+            mig_profiles: Vec::new(),
         }
     }
 

@@ -10,6 +10,8 @@
 //! - [`nvml`]: an NVML session loaded from the probed root's `libnvidia-ml.so.1` (never from the
 //!   default library search path), reading a plain [`model`] of GPUs and MIG devices, and device
 //!   events.
+//! - [`partitioning`]: dynamic MIG, one NVML step per call (MIG mode, GPU and compute instances
+//!   created, listed, destroyed).
 //! - [`pcie`]: a PCI function's PCIe root, from the sysfs link naming it.
 //! - [`health`]: which NVML faults make a GPU unhealthy, how badly, and when it recovers;
 //!   [`monitor`]: NVML events and periodic probes, read on a thread of their own.
@@ -24,6 +26,7 @@ pub mod health;
 pub mod model;
 pub mod monitor;
 pub mod nvml;
+pub mod partitioning;
 pub mod pcie;
 pub mod root;
 #[cfg(feature = "test-support")]
@@ -31,6 +34,8 @@ pub mod testing;
 
 pub use driver_paths::DriverPaths;
 pub use driver_ready::DriverReady;
-pub use model::{CudaVersion, Gpu, Inventory, MigDevice, MigMode, UnreadableGpu};
+pub use model::{
+    CudaVersion, Gpu, Inventory, MigDevice, MigMode, MigPlacement, MigProfile, UnreadableGpu,
+};
 pub use nvml::{DeviceEvent, EventKind, EventWatch, InitMode, NvmlError, NvmlSession};
 pub use root::{DriverLocation, DriverRoot, ProbeError, ProbeSettings, SearchedRoot};

@@ -109,6 +109,61 @@ pub struct Gpu {
     pub mig_mode: MigMode,
     /// MIG devices present (empty unless MIG is on).
     pub mig_devices: Vec<MigDevice>,
+    /// The GPU-instance profiles the GPU offers, with their placements (empty for a GPU without
+    /// MIG, or a driver that lists none while MIG is off).
+    pub mig_profiles: Vec<MigProfile>,
+}
+
+/// A GPU-instance profile a GPU offers, and where its instances may sit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigProfile {
+    /// The `NVML_GPU_INSTANCE_PROFILE_*` value it is read by.
+    pub index: u32,
+    /// The profile id NVML reports and creates instances by (`nvidia-smi mig -lgip` ID).
+    pub id: u32,
+    /// Profile name (`1g.10gb`, `1g.10gb+me`).
+    pub name: String,
+    /// Compute slices.
+    pub slices: u32,
+    /// How many instances of it fit on the GPU.
+    pub instances: u32,
+    /// Memory bytes of one instance.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Copy engines.
+    pub copy_engines: u32,
+    /// Video decoders.
+    pub decoders: u32,
+    /// Video encoders.
+    pub encoders: u32,
+    /// JPEG engines.
+    pub jpeg_engines: u32,
+    /// Optical-flow accelerators.
+    pub ofa_engines: u32,
+    /// Where its instances may sit, in NVML's order.
+    pub placements: Vec<MigPlacement>,
+}
+
+/// Where a GPU instance sits: its first memory slice and how many it spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MigPlacement {
+    /// First memory slice.
+    pub start: u32,
+    /// Memory slices spanned.
+    pub size: u32,
+}
+
+impl MigPlacement {
+    /// The memory slices it covers.
+    pub fn slices(self) -> std::ops::Range<u32> {
+        self.start..self.start + self.size
+    }
+
+    /// Whether it shares a memory slice with `other`.
+    pub fn overlaps(self, other: MigPlacement) -> bool {
+        self.start < other.start + other.size && other.start < self.start + self.size
+    }
 }
 
 /// One MIG device present on a GPU.

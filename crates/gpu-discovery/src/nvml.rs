@@ -261,12 +261,14 @@ impl NvmlSession {
             Err(e) => return Err(call("mig_mode", e)),
         };
         let minor = device.minor_number().map_err(|e| call("minor_number", e))?;
+        let gpu_mib = memory_bytes.map_or(0, |b| b / MIB);
         let mig_devices = match mig_mode {
-            MigMode::Enabled => {
-                let gpu_mib = memory_bytes.map_or(0, |b| b / MIB);
-                self.mig_devices(&device, &uuid, minor, gpu_mib)?
-            }
+            MigMode::Enabled => self.mig_devices(&device, &uuid, minor, gpu_mib)?,
             _ => Vec::new(),
+        };
+        let mig_profiles = match mig_mode {
+            MigMode::NotSupported => Vec::new(),
+            _ => mig_profiles(&device, gpu_mib),
         };
         Ok(Gpu {
             index,
@@ -288,6 +290,7 @@ impl NvmlSession {
             addressing_mode: self.addressing_mode(&device, &uuid),
             mig_mode,
             mig_devices,
+            mig_profiles,
             uuid,
         })
     }
@@ -384,7 +387,15 @@ impl NvmlSession {
         })
     }
 
-    fn err(&self, call: &'static str, device: &str, e: RawError) -> NvmlError {
+    /// The GPU (or MIG device) with this UUID.
+    pub(crate) fn device_by_uuid(&self, uuid: &str) -> Result<Device<'_>, NvmlError> {
+        self.nvml
+            .device_by_uuid(uuid)
+            .map_err(|e| self.err("device_by_uuid", uuid, e))
+    }
+
+    /// An nvml-wrapper error as this session's error, naming the call and what it was on.
+    pub(crate) fn err(&self, call: &'static str, device: &str, e: RawError) -> NvmlError {
         let library = self.library.clone();
         match e {
             RawError::GpuLost => NvmlError::GpuLost {
@@ -436,6 +447,44 @@ impl EventWatch<'_> {
         };
         Ok(Some(DeviceEvent { uuid, kind }))
     }
+}
+
+/// The GPU-instance profiles `device` offers and their placements. A profile NVML will not
+/// describe (not offered, or MIG off on a driver before R550) is left out.
+fn mig_profiles(device: &Device<'_>, gpu_mib: u64) -> Vec<model::MigProfile> {
+    (0..GPU_INSTANCE_PROFILE_COUNT)
+        .filter_map(|index| {
+            let info = device.profile_info(index).ok()?;
+            let placements = nvml_ext::possible_placements(device, info.id).ok()?;
+            let memory_mib = info.memory_size_mb;
+            Some(model::MigProfile {
+                index,
+                id: info.id,
+                name: model::mig_profile_name(
+                    info.slice_count,
+                    memory_mib,
+                    gpu_mib,
+                    MEDIA_EXTENSION_PROFILES.contains(&index),
+                ),
+                slices: info.slice_count,
+                instances: info.instance_count,
+                memory_bytes: memory_mib * MIB,
+                multiprocessors: info.multiprocessor_count,
+                copy_engines: info.copy_engine_count,
+                decoders: info.decoder_count,
+                encoders: info.encoder_count,
+                jpeg_engines: info.jpeg_count,
+                ofa_engines: info.ofa_count,
+                placements: placements
+                    .into_iter()
+                    .map(|p| model::MigPlacement {
+                        start: p.start,
+                        size: p.size,
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
 }
 
 /// What MIG device reads need to know about their GPU.

@@ -97,6 +97,33 @@ fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
             Some(true) => MigMode::Enabled,
         };
         assert_eq!(gpu.mig_mode, expected_mode);
+        let table: Vec<(u64, String, Vec<(u32, u32)>)> = mig["profiles"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|gi| {
+                let size = gi["placement_size"].as_u64().unwrap() as u32;
+                let starts = gi["placements"].as_array().unwrap().iter();
+                (
+                    gi["id"].as_u64().unwrap(),
+                    gi["name"].as_str().unwrap().to_owned(),
+                    starts.map(|s| (s.as_u64().unwrap() as u32, size)).collect(),
+                )
+            })
+            .collect();
+        let read: Vec<(u64, String, Vec<(u32, u32)>)> = gpu
+            .mig_profiles
+            .iter()
+            .map(|p| {
+                let places = p.placements.iter().map(|p| (p.start, p.size)).collect();
+                (u64::from(p.id), p.name.clone(), places)
+            })
+            .collect();
+        let sorted = |mut v: Vec<(u64, String, Vec<(u32, u32)>)>| {
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(read), sorted(table), "MIG profile table of GPU {i}");
         let layout = if expected_mode == MigMode::Enabled {
             mig["layout"].as_array().unwrap().clone()
         } else {
@@ -175,7 +202,7 @@ fn shipped_mig_profile_names_agree_with_their_memory() {
 #[test]
 fn every_shipped_profile_is_served_as_written_from_a_host_root() {
     let names = shipped_names();
-    assert_eq!(names.len(), 8, "{names:?}");
+    assert_eq!(names.len(), 9, "{names:?}");
     for name in names {
         let node = FakeNode::new();
         node.install_host_driver(&mock_config(&name, 2));

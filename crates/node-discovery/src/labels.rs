@@ -118,6 +118,7 @@ mod tests {
             addressing_mode: None,
             mig_mode: mig,
             mig_devices: Vec::new(),
+            mig_profiles: Vec::new(),
         }
     }
 

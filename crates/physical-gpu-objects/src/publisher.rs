@@ -284,6 +284,7 @@ mod tests {
                     addressing_mode: None,
                     mig_mode: MigMode::NotSupported,
                     mig_devices: Vec::new(),
+                    mig_profiles: Vec::new(),
                 })
                 .collect(),
             faults: BTreeMap::new(),

@@ -20,6 +20,7 @@ fn gpu(index: u32, product: &str, memory_gib: u64) -> Gpu {
         addressing_mode: None,
         mig_mode: MigMode::Disabled,
         mig_devices: Vec::new(),
+        mig_profiles: Vec::new(),
     }
 }
 
