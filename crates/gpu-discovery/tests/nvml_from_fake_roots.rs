@@ -42,6 +42,9 @@ fn inventory_of(node: &FakeNode) -> Inventory {
     open(&found.nvml_library).inventory().unwrap()
 }
 
+/// A GPU-instance profile as compared: id, name, placements (start, size).
+type ProfileRow = (u64, String, Vec<(u32, u32)>);
+
 /// Checks an inventory against the profile file it was served from, field by field.
 fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
     assert_eq!(inv.gpus.len(), gpus);
@@ -97,7 +100,7 @@ fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
             Some(true) => MigMode::Enabled,
         };
         assert_eq!(gpu.mig_mode, expected_mode);
-        let table: Vec<(u64, String, Vec<(u32, u32)>)> = mig["profiles"]
+        let table: Vec<ProfileRow> = mig["profiles"]
             .as_array()
             .into_iter()
             .flatten()
@@ -111,7 +114,7 @@ fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
                 )
             })
             .collect();
-        let read: Vec<(u64, String, Vec<(u32, u32)>)> = gpu
+        let read: Vec<ProfileRow> = gpu
             .mig_profiles
             .iter()
             .map(|p| {
@@ -119,7 +122,7 @@ fn assert_matches_profile(inv: &Inventory, p: &Value, gpus: usize) {
                 (u64::from(p.id), p.name.clone(), places)
             })
             .collect();
-        let sorted = |mut v: Vec<(u64, String, Vec<(u32, u32)>)>| {
+        let sorted = |mut v: Vec<ProfileRow>| {
             v.sort();
             v
         };
