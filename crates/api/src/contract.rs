@@ -311,6 +311,8 @@ pub mod env {
     pub const HTTP_ENDPOINT: &str = "HTTP_ENDPOINT";
     /// Plugin env: feature gates, `Name=bool` pairs.
     pub const FEATURE_GATES: &str = "FEATURE_GATES";
+    /// GPU plugin env: how MIG devices come to be, `static` or `dynamic`.
+    pub const MIG_PARTITIONING: &str = "MIG_PARTITIONING";
     /// GPU plugin env: `disabled`, `memory`, `unlimited` or a number of shares per device.
     pub const CONSUMABLE_SHARES: &str = "CONSUMABLE_SHARES";
     /// GPU plugin env: its pod's namespace, where it runs claims' MPS control daemons.

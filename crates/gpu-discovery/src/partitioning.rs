@@ -6,16 +6,16 @@ use crate::model::MigPlacement;
 use crate::nvml::{NvmlError, NvmlSession};
 use nvml_wrapper::error::NvmlError as RawError;
 
-/// What turning MIG on did.
+/// What changing a GPU's MIG mode did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MigModeChange {
-    /// MIG was already on.
-    AlreadyOn,
-    /// MIG is on now.
-    Enabled,
-    /// The change waits for a GPU reset (Ampere): MIG stays off until then.
+    /// The GPU was in that mode already.
+    Unchanged,
+    /// The GPU is in that mode now.
+    Changed,
+    /// The change waits for a GPU reset (Ampere): the mode in force stays until then.
     NeedsReset,
-    /// The GPU is busy (processes on it) and kept its mode.
+    /// The GPU is busy (processes or MIG instances on it) and kept its mode.
     InUse,
 }
 
@@ -46,21 +46,23 @@ const RESET_REQUIRED: u32 = 16;
 const IN_USE: u32 = 19;
 
 impl NvmlSession {
-    /// Turns MIG on for the GPU with `uuid`. The call itself may succeed while the activation does
-    /// not (a reset pending, the GPU busy): the answer says which.
-    pub fn enable_mig(&self, uuid: &str) -> Result<MigModeChange, NvmlError> {
+    /// Turns MIG on (`on`) or off for the GPU with `uuid`. The call itself may succeed while the
+    /// activation does not (a reset pending, the GPU busy): the answer says which.
+    pub fn set_mig(&self, uuid: &str, on: bool) -> Result<MigModeChange, NvmlError> {
         let device = self.device_by_uuid(uuid)?;
         let mode = device
             .mig_mode()
             .map_err(|e| self.err("mig_mode", uuid, e))?;
-        if mode.current == 1 {
-            return Ok(MigModeChange::AlreadyOn);
+        if (mode.current == 1) == on {
+            return Ok(MigModeChange::Unchanged);
         }
-        let status = device
-            .set_mig_mode(true)
-            .map_err(|e| self.err("set_mig_mode", uuid, e))?;
+        let status = match device.set_mig_mode(on) {
+            Ok(status) => status,
+            Err(RawError::InUse) => return Ok(MigModeChange::InUse),
+            Err(e) => return Err(self.err("set_mig_mode", uuid, e)),
+        };
         Ok(match status {
-            0 => MigModeChange::Enabled,
+            0 => MigModeChange::Changed,
             RESET_REQUIRED => MigModeChange::NeedsReset,
             IN_USE => MigModeChange::InUse,
             other => {

@@ -53,8 +53,8 @@ fn partitions_made_by_one_session_are_what_the_next_one_discovers_until_destroye
 
     let made = {
         let s = session(&node);
-        assert_eq!(s.enable_mig(&gpu).unwrap(), MigModeChange::Enabled);
-        assert_eq!(s.enable_mig(&gpu).unwrap(), MigModeChange::AlreadyOn);
+        assert_eq!(s.set_mig(&gpu, true).unwrap(), MigModeChange::Changed);
+        assert_eq!(s.set_mig(&gpu, true).unwrap(), MigModeChange::Unchanged);
         let three = create(&s, &gpu, P_3G40, 4, 4, 3);
         let one = create(&s, &gpu, P_1G10, 0, 1, 1);
         let err = s
@@ -112,8 +112,11 @@ fn partitions_made_by_one_session_are_what_the_next_one_discovers_until_destroye
         s.destroy_gpu_instance(&gpu, gi)
             .expect("destroying what is gone is no error");
     }
+    assert_eq!(s.set_mig(&gpu, false).unwrap(), MigModeChange::Changed);
     drop(s);
-    assert!(inventory(&node).gpus[0].mig_devices.is_empty());
+    let cleared = inventory(&node);
+    assert!(cleared.gpus[0].mig_devices.is_empty());
+    assert_eq!(cleared.gpus[0].mig_mode, MigMode::Disabled);
 }
 
 #[test]
@@ -122,7 +125,7 @@ fn an_ampere_gpu_says_its_mode_waits_for_a_reset() {
     node.install_host_driver(&mock_config("a100-sxm4-40gb", 1));
     let s = session(&node);
     let gpu = s.inventory().unwrap().gpus[0].uuid.clone();
-    assert_eq!(s.enable_mig(&gpu).unwrap(), MigModeChange::NeedsReset);
+    assert_eq!(s.set_mig(&gpu, true).unwrap(), MigModeChange::NeedsReset);
     assert_eq!(s.inventory().unwrap().gpus[0].mig_mode, MigMode::Disabled);
 }
 
@@ -133,7 +136,7 @@ fn an_injected_failure_names_its_step_and_leaves_what_was_made_listed() {
         "faults": {"mig_failures": ["create-compute-instance"]}}));
     let s = session(&node);
     let gpu = s.inventory().unwrap().gpus[0].uuid.clone();
-    s.enable_mig(&gpu).unwrap();
+    s.set_mig(&gpu, true).unwrap();
     let gi = s
         .create_gpu_instance(&gpu, P_3G40, MigPlacement { start: 0, size: 4 })
         .unwrap();

@@ -73,6 +73,37 @@ pub struct ClaimEntry {
     /// half-way leaves an entry whose daemon is stopped at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<crate::mps::MpsDaemon>,
+    /// The MIG partitions the claim's prepare makes (dynamic MIG), each committed before every
+    /// step of its making, so a crash half-way leaves what is needed to find and destroy it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<MadePartition>,
+}
+
+/// A MIG partition made for a claim: where it goes, and what of it exists so far.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MadePartition {
+    /// The partition's device name.
+    pub device: String,
+    /// UUID of the GPU it is made on.
+    pub gpu: String,
+    /// GPU-instance profile id.
+    pub profile_id: u32,
+    /// First memory slice of its placement.
+    pub start: u32,
+    /// Memory slices of its placement.
+    pub size: u32,
+    /// Compute slices.
+    pub slices: u32,
+    /// The GPU instance, once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
+    /// The compute instance, once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_instance: Option<u32>,
+    /// The MIG device's UUID, once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// The checkpoint's content.
@@ -149,6 +180,17 @@ impl Checkpoint {
                 let theirs = *e.time_slices.get(gpu)?;
                 (theirs != interval).then_some((other.as_str(), theirs))
             })
+    }
+
+    /// The GPU instances the plugin made for claims, by GPU UUID.
+    pub fn made_gpu_instances(&self) -> BTreeMap<String, std::collections::BTreeSet<u32>> {
+        let mut made: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
+        for p in self.claims.values().flat_map(|e| &e.partitions) {
+            if let Some(gi) = p.gpu_instance {
+                made.entry(p.gpu.clone()).or_default().insert(gi);
+            }
+        }
+        made
     }
 
     /// The interval `gpu` should have with the claims held now (other than `except`): the one a
@@ -413,6 +455,7 @@ mod tests {
                 devices: vec![device("gpu-0", false), device("gpu-1", true)],
                 time_slices: BTreeMap::new(),
                 mps: None,
+                partitions: Vec::new(),
             },
         );
         cp.claims.insert(
@@ -424,6 +467,7 @@ mod tests {
                 devices: vec![device("gpu-2", false)],
                 time_slices: BTreeMap::from([("GPU-2".into(), Interval::Short)]),
                 mps: None,
+                partitions: Vec::new(),
             },
         );
         cp
@@ -521,6 +565,7 @@ mod tests {
                 devices: vec![shared],
                 time_slices: BTreeMap::new(),
                 mps: None,
+                partitions: Vec::new(),
             },
         );
         assert_eq!(cp.exclusive_holder("uid-t", "node-a", "gpu-3", true), None);

@@ -181,7 +181,10 @@ pub fn resolve(
                 (
                     DeviceConfig::Gpu(_),
                     DeviceKind::Gpu { .. } | DeviceKind::Share(_)
-                ) | (DeviceConfig::Mig(_), DeviceKind::Mig(_))
+                ) | (
+                    DeviceConfig::Mig(_),
+                    DeviceKind::Mig(_) | DeviceKind::Partition(_)
+                )
             );
             if !fits {
                 return Err(bad(format!(
@@ -210,9 +213,9 @@ pub fn resolve(
         if let Some(config) = mps_config.filter(|_| !a.admin_access) {
             mps.push((a, device.uuid.clone(), config));
         }
-        if let Some(interval) =
-            interval.filter(|_| !a.admin_access && !matches!(device.kind, DeviceKind::Mig(_)))
-        {
+        if let Some(interval) = interval.filter(|_| {
+            !a.admin_access && !matches!(device.kind, DeviceKind::Mig(_) | DeviceKind::Partition(_))
+        }) {
             let gpu = device.gpu.gpu_uuid.clone();
             if let Some(other) = resolved.time_slices.insert(gpu, interval)
                 && other != interval

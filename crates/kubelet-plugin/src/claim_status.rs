@@ -29,7 +29,9 @@ pub fn device_status(
 ) -> Value {
     let mut data = serde_json::Map::new();
     if let Some(d) = table.devices.get(card_of(&device.device)) {
-        data.insert("uuid".into(), json!(d.uuid));
+        if !d.uuid.is_empty() {
+            data.insert("uuid".into(), json!(d.uuid));
+        }
         data.insert("productName".into(), json!(d.gpu.product_name));
         match &d.kind {
             DeviceKind::Gpu {
@@ -41,6 +43,11 @@ pub fn device_status(
                 data.insert("memory".into(), json!(mebibytes(m.memory_bytes)));
                 data.insert("parentUUID".into(), json!(d.gpu.gpu_uuid));
                 data.insert("migProfile".into(), json!(m.profile));
+            }
+            DeviceKind::Partition(p) => {
+                data.insert("memory".into(), json!(mebibytes(p.profile.memory_bytes)));
+                data.insert("parentUUID".into(), json!(d.gpu.gpu_uuid));
+                data.insert("migProfile".into(), json!(p.profile.name));
             }
             _ => {}
         }

@@ -59,6 +59,16 @@ pub struct Config {
     /// Pull policy of that image.
     #[arg(long, env = env::MPS_CONTROL_DAEMON_IMAGE_PULL_POLICY, default_value = "IfNotPresent")]
     pub mps_control_daemon_image_pull_policy: String,
+    /// How MIG devices come to be: `static` (an admin makes them; the plugin publishes those it
+    /// finds) or `dynamic` (the plugin publishes every partition a GPU supports and makes the one
+    /// a claim is given when it is prepared). The upstream driver's feature gate
+    /// `DynamicMIG=true` also asks for `dynamic`.
+    #[arg(long, env = env::MIG_PARTITIONING, default_value = "static")]
+    pub mig_partitioning: crate::partitions::Partitioning,
+    /// Feature gates, as the upstream driver takes them (`DynamicMIG=true,...`); unknown gates
+    /// are ignored.
+    #[arg(long, env = env::FEATURE_GATES, default_value = "")]
+    pub feature_gates: String,
     /// Source of the node's boot id (checkpoints from other boots are discarded).
     #[arg(long, env = "BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
     pub boot_id_file: PathBuf,
@@ -69,6 +79,34 @@ impl Config {
     pub fn plugin_dir(&self) -> PathBuf {
         self.kubelet_plugins_directory_path
             .join(api::contract::DRIVER_NAME)
+    }
+
+    /// The MIG partitioning in force: `dynamic` when asked for by the flag or by the
+    /// `DynamicMIG` feature gate. A gate list that is not `Name=bool,...` is an error naming it.
+    pub fn partitioning(&self) -> Result<crate::partitions::Partitioning, String> {
+        let mut dynamic_gate = false;
+        for gate in self
+            .feature_gates
+            .split(',')
+            .map(str::trim)
+            .filter(|g| !g.is_empty())
+        {
+            let (name, value) = gate
+                .split_once('=')
+                .ok_or_else(|| format!("feature gate {gate:?} is not Name=true or Name=false"))?;
+            let on: bool = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("feature gate {gate:?} is not Name=true or Name=false"))?;
+            if name.trim() == "DynamicMIG" {
+                dynamic_gate = on;
+            }
+        }
+        Ok(if dynamic_gate {
+            crate::partitions::Partitioning::Dynamic
+        } else {
+            self.mig_partitioning
+        })
     }
 
     /// The health port, if enabled.
@@ -114,6 +152,34 @@ mod tests {
         assert_eq!(
             c.node.http_endpoint,
             HttpEndpoint(Some("0.0.0.0:8080".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn dynamic_mig_is_asked_for_by_the_flag_or_the_upstream_gate() {
+        use crate::partitions::Partitioning;
+        let parse = |args: &[&str]| {
+            let mut all = vec!["p", "--node-name", "n"];
+            all.extend(args);
+            Config::try_parse_from(all).unwrap().partitioning()
+        };
+        assert_eq!(parse(&[]), Ok(Partitioning::Static));
+        assert_eq!(
+            parse(&["--mig-partitioning", "dynamic"]),
+            Ok(Partitioning::Dynamic)
+        );
+        assert_eq!(
+            parse(&["--feature-gates", "MPSSupport=true, DynamicMIG=true"]),
+            Ok(Partitioning::Dynamic)
+        );
+        assert_eq!(
+            parse(&["--feature-gates", "DynamicMIG=false"]),
+            Ok(Partitioning::Static)
+        );
+        assert!(
+            parse(&["--feature-gates", "DynamicMIG"])
+                .unwrap_err()
+                .contains("\"DynamicMIG\" is not Name=true")
         );
     }
 

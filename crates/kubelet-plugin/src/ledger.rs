@@ -113,6 +113,7 @@ mod tests {
             devices: vec![],
             time_slices: Default::default(),
             mps: None,
+            partitions: Vec::new(),
         }
     }
 

@@ -4,7 +4,8 @@
 //! Pure decisions: [`claim`] (what a ResourceClaim asks of this node), [`slices`] (the slices of
 //! a device table) with [`consumable`] (devices many claims consume), [`cdi::claim_spec`], [`checkpoint::decode`]/[`checkpoint::recover`],
 //! [`opaque`] (driver configs), [`devices`] (names and placements from the inventory),
-//! [`sharing`] (which GPUs are published in shares for GPU classes),
+//! [`sharing`] (which GPUs are published in shares for GPU classes), [`partitions`] (dynamic MIG:
+//! the partitions a GPU offers and the counters that keep them apart),
 //! [`device_health`] (taints and the kubelet's health stream from the GPUs' health).
 //! I/O edges: [`driver`] (prepare/unprepare with the claim GET), [`time_slice`] (the driver's
 //! `nvidia-smi` for time-slice intervals), [`prefetch`] (claims read ahead
@@ -34,6 +35,8 @@ pub mod metrics;
 pub mod mps;
 pub mod mps_pods;
 pub mod opaque;
+pub mod partitioner;
+pub mod partitions;
 pub mod physical_gpus;
 pub mod prefetch;
 pub mod proto;

@@ -7,6 +7,7 @@
 use crate::consumable;
 use crate::devices::Share;
 use crate::devices::{DeviceKind, DeviceTable, NodeDevice};
+use crate::partitions;
 use api::gpuclass::SharingStrategy;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
@@ -149,31 +150,11 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
                 );
             }
         }
-        DeviceKind::Mig(m) => {
-            attributes.insert("type".into(), string("mig"));
-            attributes.insert("parentUUID".into(), string(&g.gpu_uuid));
-            attributes.insert("profile".into(), string(&m.profile));
-            let engines = [
-                ("multiprocessors", m.multiprocessors),
-                ("copyEngines", m.copy_engines),
-                ("decoders", m.decoders),
-                ("encoders", m.encoders),
-                ("jpegEngines", m.jpeg_engines),
-                ("ofaEngines", m.ofa_engines),
-            ];
-            for (name, value) in engines {
-                capacity.insert(name.to_owned(), count(u64::from(value)));
-            }
-            capacity.insert(
-                "memory".to_owned(),
-                DeviceCapacity {
-                    value: bytes_quantity(m.memory_bytes),
-                    request_policy: None,
-                },
-            );
-            for slice in m.placement_start..m.placement_start + m.placement_size {
-                capacity.insert(format!("memorySlice{slice}"), count(1));
-            }
+        DeviceKind::Mig(m) => mig_attributes(m, g, &mut attributes, &mut capacity),
+        DeviceKind::Partition(p) => {
+            // Not made yet: no UUID of its own until a claim is prepared.
+            attributes.remove("uuid");
+            mig_attributes(&p.made(g, 0, 0, ""), g, &mut attributes, &mut capacity);
         }
     }
     let mut published = Device {
@@ -193,29 +174,141 @@ pub fn slice_device(device: &NodeDevice, table: &DeviceTable) -> Device {
                 table.consumable_shares,
             );
         }
-        DeviceKind::Share(_) => {}
+        // A partition is made for one claim and destroyed with it: never offered to several.
+        DeviceKind::Share(_) | DeviceKind::Partition(_) => {}
     }
     published
 }
 
-/// One unit of the counter of `gpu`'s counter set.
-fn card_consumption(gpu: &str) -> DeviceCounterConsumption {
-    DeviceCounterConsumption {
-        counter_set: gpu.to_owned(),
-        counters: BTreeMap::from([(
-            CARD_COUNTER.to_owned(),
-            Counter {
-                value: Quantity("1".into()),
-            },
-        )]),
+/// The attributes and capacities of a MIG device (made or to be made) of `parent`.
+fn mig_attributes(
+    m: &gpu_discovery::MigDevice,
+    parent: &crate::devices::GpuCommon,
+    attributes: &mut BTreeMap<String, DeviceAttribute>,
+    capacity: &mut BTreeMap<String, DeviceCapacity>,
+) {
+    attributes.insert("type".into(), string("mig"));
+    attributes.insert("parentUUID".into(), string(&parent.gpu_uuid));
+    attributes.insert("profile".into(), string(&m.profile));
+    let engines = [
+        ("multiprocessors", m.multiprocessors),
+        ("copyEngines", m.copy_engines),
+        ("decoders", m.decoders),
+        ("encoders", m.encoders),
+        ("jpegEngines", m.jpeg_engines),
+        ("ofaEngines", m.ofa_engines),
+    ];
+    for (name, value) in engines {
+        capacity.insert(name.to_owned(), count(u64::from(value)));
     }
+    capacity.insert(
+        "memory".to_owned(),
+        DeviceCapacity {
+            value: bytes_quantity(m.memory_bytes),
+            request_policy: None,
+        },
+    );
+    for slice in m.placement_start..m.placement_start + m.placement_size {
+        capacity.insert(format!("memorySlice{slice}"), count(1));
+    }
+}
+
+/// The counters one GPU's counter set (named after the GPU) holds, with their capacity: `card`
+/// where the GPU is shared for a class, the partitions' counters where it is offered in MIG
+/// partitions ([`crate::partitions`]).
+#[derive(Debug, Clone, Default)]
+struct GpuSet {
+    shared: bool,
+    partitions: Option<partitions::GpuCounters>,
+}
+
+impl GpuSet {
+    fn capacities(&self) -> BTreeMap<String, Counter> {
+        let mut counters: BTreeMap<String, u64> = self
+            .partitions
+            .as_ref()
+            .map(partitions::GpuCounters::capacities)
+            .unwrap_or_default();
+        if self.shared {
+            counters.insert(CARD_COUNTER.to_owned(), 1);
+        }
+        as_counters(counters)
+    }
+
+    /// What the whole card (or a share of it) consumes: the card, and every memory slice.
+    fn whole(&self) -> BTreeMap<String, u64> {
+        let mut used = self
+            .partitions
+            .as_ref()
+            .map(partitions::GpuCounters::whole)
+            .unwrap_or_default();
+        if self.shared {
+            used.insert(CARD_COUNTER.to_owned(), 1);
+        }
+        used
+    }
+}
+
+fn as_counters(counters: BTreeMap<String, u64>) -> BTreeMap<String, Counter> {
+    counters
+        .into_iter()
+        .map(|(name, n)| {
+            (
+                name,
+                Counter {
+                    value: Quantity(n.to_string()),
+                },
+            )
+        })
+        .collect()
+}
+
+/// `used` of the counter set `gpu`; `None` when nothing is used.
+fn consumption(gpu: &str, used: BTreeMap<String, u64>) -> Option<Vec<DeviceCounterConsumption>> {
+    (!used.is_empty()).then(|| {
+        vec![DeviceCounterConsumption {
+            counter_set: gpu.to_owned(),
+            counters: as_counters(used),
+        }]
+    })
+}
+
+/// The counter sets of `table`'s GPUs that are shared (`shares`) or offered in partitions, by
+/// GPU device name.
+fn gpu_sets(table: &DeviceTable, shares: &[Share]) -> BTreeMap<String, GpuSet> {
+    let mut sets: BTreeMap<String, GpuSet> = BTreeMap::new();
+    for share in shares {
+        sets.entry(share.gpu.clone()).or_default().shared = true;
+    }
+    let mut by_gpu: BTreeMap<String, Vec<&crate::devices::Partition>> = BTreeMap::new();
+    for device in table.devices.values() {
+        if let DeviceKind::Partition(p) = &device.kind {
+            by_gpu
+                .entry(crate::devices::gpu_name(device.gpu.minor))
+                .or_default()
+                .push(p);
+        }
+    }
+    for (gpu, parts) in by_gpu {
+        sets.entry(gpu).or_default().partitions = Some(partitions::gpu_counters(parts));
+    }
+    sets
 }
 
 /// The device of `share`: its GPU's attributes with `type` `shared`, the class (`gpuClass`) and
 /// the strategy (`sharing`); the card's `memory` as a capacity many claims consume from, one
-/// share each unless a claim asks for more; one unit of the GPU's counter. `None` when the
-/// table lacks the GPU.
+/// share each unless a claim asks for more; one unit of the GPU's counter (and every memory
+/// slice of a GPU offered in partitions). `None` when the table lacks the GPU.
 pub fn share_device(share: &Share, table: &DeviceTable) -> Option<Device> {
+    let sets = gpu_sets(table, std::slice::from_ref(share));
+    shared_device(share, table, &sets)
+}
+
+fn shared_device(
+    share: &Share,
+    table: &DeviceTable,
+    sets: &BTreeMap<String, GpuSet>,
+) -> Option<Device> {
     let gpu = table.devices.get(&share.gpu)?;
     let mut device = slice_device(gpu, table);
     let attributes = device.attributes.get_or_insert_default();
@@ -244,7 +337,9 @@ pub fn share_device(share: &Share, table: &DeviceTable) -> Option<Device> {
     )]));
     device.name = share.name.clone();
     device.allow_multiple_allocations = Some(true);
-    device.consumes_counters = Some(vec![card_consumption(&share.gpu)]);
+    device.consumes_counters = sets
+        .get(&share.gpu)
+        .and_then(|set| consumption(&share.gpu, set.whole()));
     Some(device)
 }
 
@@ -287,36 +382,42 @@ pub fn desired_slices(
     taints: &Taints,
     generation: i64,
 ) -> Vec<ResourceSlice> {
-    let shared_gpus: std::collections::BTreeSet<&str> =
-        shares.iter().map(|s| s.gpu.as_str()).collect();
+    let sets = gpu_sets(table, shares);
     let mut devices: Vec<Device> = table
         .devices
         .values()
-        .map(|d| Device {
-            taints: taints.get(&d.name).cloned(),
-            consumes_counters: shared_gpus
-                .contains(d.name.as_str())
-                .then(|| vec![card_consumption(&d.name)]),
-            ..slice_device(d, table)
+        .map(|d| {
+            let used = match &d.kind {
+                DeviceKind::Partition(p) => sets
+                    .get(&crate::devices::gpu_name(d.gpu.minor))
+                    .and_then(|set| set.partitions.as_ref())
+                    .map(|counters| counters.partition(p))
+                    .unwrap_or_default(),
+                _ => sets.get(&d.name).map(GpuSet::whole).unwrap_or_default(),
+            };
+            let set = match &d.kind {
+                DeviceKind::Partition(_) => crate::devices::gpu_name(d.gpu.minor),
+                _ => d.name.clone(),
+            };
+            Device {
+                taints: taints.get(&d.name).cloned(),
+                consumes_counters: consumption(&set, used),
+                ..slice_device(d, table)
+            }
         })
         .collect();
     devices.extend(shares.iter().filter_map(|share| {
         Some(Device {
             taints: taints.get(&share.gpu).cloned(),
-            ..share_device(share, table)?
+            ..shared_device(share, table, &sets)?
         })
     }));
     devices.sort_by(|a, b| a.name.cmp(&b.name));
-    let counter_sets: Vec<CounterSet> = shared_gpus
+    let counter_sets: Vec<CounterSet> = sets
         .iter()
-        .map(|gpu| CounterSet {
-            name: (*gpu).to_owned(),
-            counters: BTreeMap::from([(
-                CARD_COUNTER.to_owned(),
-                Counter {
-                    value: Quantity("1".into()),
-                },
-            )]),
+        .map(|(gpu, set)| CounterSet {
+            name: gpu.clone(),
+            counters: set.capacities(),
         })
         .collect();
     let hash = content_hash(&devices, &counter_sets);

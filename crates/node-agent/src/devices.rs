@@ -1,8 +1,9 @@
 //! The node's devices as both planes offer them: full GPUs `gpu-<minor>` and static MIG devices
 //! `gpu-<parentMinor>-mig-<profile>-<giProfileId>-<start>`, each with what its container needs
-//! (the parent GPU's minor and UUID), built from the `gpu-discovery` inventory.
+//! (the parent GPU's minor and UUID), built from the `gpu-discovery` inventory; and, on the DRA
+//! plane, MIG partitions made on demand, named as the static MIG device they become.
 
-use gpu_discovery::{Gpu, MigDevice};
+use gpu_discovery::{Gpu, MigDevice, MigPlacement, MigProfile};
 use serde::Deserialize;
 
 /// How the pods holding shares of one GPU are kept apart.
@@ -48,9 +49,49 @@ pub enum DeviceKind {
     },
     /// A static MIG device.
     Mig(MigDevice),
+    /// A MIG partition not made yet: created when a claim is prepared, destroyed when it is
+    /// unprepared.
+    Partition(Partition),
     /// A share of a full GPU held by one claim; made when a claim is prepared, never in the
     /// table.
     Share(ShareUse),
+}
+
+/// A GPU-instance profile at one of its placements on a GPU whose MIG devices are made on demand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// The profile (its `placements` left empty: `placement` is the one).
+    pub profile: MigProfile,
+    /// Where the GPU instance goes.
+    pub placement: MigPlacement,
+}
+
+impl Partition {
+    /// The MIG device this partition is once made: GPU instance `gi` with compute instance `ci`,
+    /// of UUID `uuid`, on `parent`.
+    pub fn made(&self, parent: &GpuCommon, gi: u32, ci: u32, uuid: &str) -> MigDevice {
+        let p = &self.profile;
+        MigDevice {
+            parent_uuid: parent.gpu_uuid.clone(),
+            parent_minor: parent.minor,
+            index: 0,
+            uuid: uuid.to_owned(),
+            profile: p.name.clone(),
+            gpu_instance_profile_id: p.id,
+            gpu_instance_id: gi,
+            compute_instance_id: ci,
+            placement_start: self.placement.start,
+            placement_size: self.placement.size,
+            slices: p.slices,
+            memory_bytes: p.memory_bytes,
+            multiprocessors: p.multiprocessors,
+            copy_engines: p.copy_engines,
+            decoders: p.decoders,
+            encoders: p.encoders,
+            jpeg_engines: p.jpeg_engines,
+            ofa_engines: p.ofa_engines,
+        }
+    }
 }
 
 /// How one claim uses a share of a GPU.
@@ -136,6 +177,22 @@ impl NodeDevice {
             kind: DeviceKind::Gpu {
                 memory_bytes: gpu.memory_bytes,
             },
+        }
+    }
+
+    /// A partition of `gpu`: `profile` at `placement`, not made yet (no UUID until then).
+    pub fn partition(gpu: &Gpu, profile: &MigProfile, placement: MigPlacement) -> Self {
+        Self {
+            name: mig_name(gpu.minor, &profile.name, profile.id, placement.start),
+            uuid: String::new(),
+            gpu: common(gpu),
+            kind: DeviceKind::Partition(Partition {
+                profile: MigProfile {
+                    placements: Vec::new(),
+                    ..profile.clone()
+                },
+                placement,
+            }),
         }
     }
 

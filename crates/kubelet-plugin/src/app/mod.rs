@@ -13,6 +13,8 @@ use crate::liveness::HealthService;
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
 use crate::mps_pods::{PodDaemons, PodSettings};
+use crate::partitioner::Partitioner;
+use crate::partitions::Partitioning;
 use crate::prefetch::PrefetchedClaims;
 use crate::publish::Publisher;
 use crate::registration::{RegistrationService, RegistrationState};
@@ -51,8 +53,10 @@ pub fn read_devices(
 /// What the plugin learns from NVML at start.
 struct NodeGpus {
     table: DeviceTable,
-    /// The physical GPUs read.
-    gpus: Vec<gpu_discovery::Gpu>,
+    /// What NVML reported (the physical GPUs read, their MIG profiles).
+    inventory: gpu_discovery::Inventory,
+    /// The session it was read with, kept for dynamic MIG.
+    session: Arc<NvmlSession>,
     unreadable: Vec<UnreadableGpu>,
     /// GPU UUIDs by NVML index, for the monitor's probes.
     by_index: BTreeMap<u32, String>,
@@ -68,13 +72,14 @@ fn read_gpus(roots: &DriverPaths, sysfs_root: &Path) -> anyhow::Result<NodeGpus>
     gpu_discovery::pcie::fill_roots(&mut inventory, sysfs_root);
     Ok(NodeGpus {
         table: DeviceTable::from_inventory(&inventory),
-        gpus: inventory.gpus.clone(),
         by_index: inventory
             .gpus
             .iter()
             .map(|g| (g.index, g.uuid.clone()))
             .collect(),
-        unreadable: inventory.unreadable,
+        unreadable: inventory.unreadable.clone(),
+        inventory,
+        session: Arc::new(session),
         library,
     })
 }
@@ -179,11 +184,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let roots = config.node.driver_paths();
     let NodeGpus {
         table,
-        gpus,
+        inventory,
+        session,
         unreadable,
         by_index,
         library,
     } = read_gpus(&roots, &config.sysfs_root).context("reading the GPUs through NVML")?;
+    let partitioning = config.partitioning().map_err(anyhow::Error::msg)?;
     let table = DeviceTable {
         consumable_shares: config.consumable_shares,
         ..table
@@ -235,6 +242,32 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     )
     .context("loading the checkpoint")?;
     report_start(&events, &report).await;
+    let (driver, table) = match partitioning {
+        Partitioning::Static => (driver, table),
+        Partitioning::Dynamic => {
+            let (partitioned, notes) =
+                DeviceTable::partitioned(&inventory, &driver.made_gpu_instances());
+            let partitioned = DeviceTable {
+                consumable_shares: table.consumable_shares,
+                ..partitioned
+            };
+            tracing::info!(
+                devices = partitioned.devices.len(),
+                "dynamic MIG: GPUs offered in partitions made at prepare"
+            );
+            for note in notes {
+                tracing::warn!(%note, "dynamic MIG");
+                events.publish("MIGPartitioning", note, false).await;
+            }
+            let partitioner: Arc<dyn Partitioner> = Arc::new(crate::partitioner::Nvml(session));
+            (
+                driver
+                    .with_table(partitioned.clone())
+                    .with_partitioner(partitioner),
+                Arc::new(partitioned),
+            )
+        }
+    };
     // The devices prepared claims hold: the publisher keeps a share in use published.
     let (held_tx, held_rx) = watch::channel(std::collections::BTreeSet::new());
     let slicer = crate::time_slice::NvidiaSmi::find(&roots.driver_root_ctr, &library);
@@ -268,6 +301,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if matches!(report.outcome, LoadOutcome::Corrupted { .. }) {
         rebuild(&client, &driver, &config.node_name).await;
+    }
+    for (device, error) in driver.clear_partitions(&report.unmade_partitions).await {
+        tracing::error!(%device, %error, "could not destroy a MIG partition a half-prepared claim may have made");
+        let note = format!(
+            "MIG partition {device} of a claim a crash left half-prepared may be left on its GPU: {error}"
+        );
+        events.publish("MIGPartitionNotDestroyed", note, true).await;
     }
     for (claim, error) in driver.sweep_mps_daemons().await {
         tracing::error!(%claim, %error, "could not stop the MPS control daemon of a claim that is not prepared");
@@ -341,7 +381,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let physical_gpus = tokio::spawn(crate::physical_gpus::follow(
         client.clone(),
         config.node_name.clone(),
-        gpus,
+        inventory.gpus,
         Arc::clone(&driver),
         (view_rx.clone(), registration.state()),
         shutdown.wait(),

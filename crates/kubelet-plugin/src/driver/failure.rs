@@ -60,6 +60,14 @@ pub enum ClaimFailure {
     /// The claim's MPS control daemon could not be started or stopped.
     #[error("MPS control daemon: {0}")]
     Mps(String),
+    /// A MIG partition of the claim could not be made or destroyed.
+    #[error("MIG partition {device}: {reason}")]
+    Partition {
+        /// The partition's device name.
+        device: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 impl ClaimFailure {
@@ -76,6 +84,7 @@ impl ClaimFailure {
             ClaimFailure::TimeSliceConflict { .. } => "time_slice_conflict",
             ClaimFailure::TimeSlice { .. } => "time_slice",
             ClaimFailure::Mps(_) => "mps_daemon",
+            ClaimFailure::Partition { .. } => "mig_partition",
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::devices::DeviceTable;
 use crate::ledger::{Ledger, Version};
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
+use crate::partitioner::Partitioner;
 use crate::time_slice::TimeSlicer;
 use crate::types::Operation;
 use crate::types::{ClaimRef, DraBackend, PrepareResults, UnprepareResults};
@@ -32,6 +33,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod failure;
+#[cfg(test)]
+mod partition_tests;
 mod source;
 mod stage;
 #[cfg(test)]
@@ -53,6 +56,9 @@ pub struct StartReport {
     pub restored: usize,
     /// GPUs whose time-slice interval a rolled-back claim may have changed: to settle.
     pub unsettled_time_slices: BTreeSet<String>,
+    /// MIG partitions a rolled-back claim may have made, in part: to destroy
+    /// ([`Driver::clear_partitions`]).
+    pub unmade_partitions: Vec<crate::checkpoint::MadePartition>,
 }
 
 /// A claim's answer, staged in memory until the call's commit.
@@ -80,6 +86,8 @@ pub struct Driver<C> {
     slicer: Arc<dyn TimeSlicer>,
     /// Runs the claims' MPS control daemons.
     daemons: Arc<dyn MpsDaemons>,
+    /// Makes and destroys MIG partitions (dynamic MIG).
+    partitioner: Arc<dyn Partitioner>,
 }
 
 impl<C: ClaimSource> Driver<C> {
@@ -96,9 +104,11 @@ impl<C: ClaimSource> Driver<C> {
         let (mut checkpoint, outcome) = store.load()?;
         let mut rolled_back = Vec::new();
         let mut unsettled_time_slices = BTreeSet::new();
+        let mut unmade_partitions = Vec::new();
         for (uid, entry) in checkpoint.take_started() {
             cdi.remove(&uid)?;
             unsettled_time_slices.extend(entry.time_slices.into_keys());
+            unmade_partitions.extend(entry.partitions);
             rolled_back.push(ClaimRef {
                 namespace: entry.namespace,
                 uid,
@@ -121,6 +131,7 @@ impl<C: ClaimSource> Driver<C> {
             stray_specs,
             restored: checkpoint.claims.len(),
             unsettled_time_slices,
+            unmade_partitions,
         };
         let driver = Self {
             driver_name: driver_name.to_owned(),
@@ -134,6 +145,9 @@ impl<C: ClaimSource> Driver<C> {
             slicer: Arc::new(crate::time_slice::Unavailable),
             daemons: Arc::new(crate::mps::Unavailable(
                 "this plugin was started without a way to run MPS control daemons".into(),
+            )),
+            partitioner: Arc::new(crate::partitioner::Unavailable(
+                "this plugin was started without a way to make MIG partitions".into(),
             )),
         };
         Ok((driver, report))
@@ -150,6 +164,42 @@ impl<C: ClaimSource> Driver<C> {
     pub fn with_mps_daemons(mut self, daemons: Arc<dyn MpsDaemons>) -> Self {
         self.daemons = daemons;
         self
+    }
+
+    /// Serves `table` from now on (dynamic MIG builds it from what the checkpoint says the plugin
+    /// made, so after [`Driver::start`]).
+    pub fn with_table(mut self, table: DeviceTable) -> Self {
+        self.table = table;
+        self
+    }
+
+    /// The GPU instances the plugin made for the claims it holds, by GPU UUID.
+    pub fn made_gpu_instances(&self) -> BTreeMap<String, BTreeSet<u32>> {
+        self.ledger.read(|cp| cp.made_gpu_instances()).0
+    }
+
+    /// Makes and destroys MIG partitions with `partitioner` (claims given one fail otherwise).
+    pub fn with_partitioner(mut self, partitioner: Arc<dyn Partitioner>) -> Self {
+        self.partitioner = partitioner;
+        self
+    }
+
+    /// Destroys what a crash left of `partitions` (from [`StartReport::unmade_partitions`]): the
+    /// GPU instance recorded, or the one of the profile at the placement when the crash came
+    /// before its id was recorded, unless a prepared claim holds it. Answers the partitions that
+    /// could not be destroyed, with why.
+    pub async fn clear_partitions(
+        &self,
+        partitions: &[crate::checkpoint::MadePartition],
+    ) -> Vec<(String, String)> {
+        let (held, _) = self.ledger.read(|cp| cp.made_gpu_instances());
+        let mut failed = Vec::new();
+        for p in partitions {
+            if let Err(reason) = self.destroy_partition(p, &held).await {
+                failed.push((p.device.clone(), reason));
+            }
+        }
+        failed
     }
 
     /// Stops the MPS control daemons (and removes the directories) of claims that are not

@@ -4,11 +4,36 @@
 
 use super::{ClaimFailure, ClaimSource, Driver, Staged};
 use crate::cdi;
-use crate::checkpoint::{Checkpoint, ClaimEntry, ClaimState};
+use crate::checkpoint::{Checkpoint, ClaimEntry, ClaimState, MadePartition};
 use crate::claim;
+use crate::devices::{DeviceKind, NodeDevice};
 use crate::types::{ClaimRef, PreparedDevice};
+use gpu_discovery::MigPlacement;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::time::Instant;
+
+/// The partitions among `devices`, as the checkpoint records them before they are made.
+fn planned_partitions(devices: &[NodeDevice]) -> Vec<MadePartition> {
+    devices
+        .iter()
+        .filter_map(|d| match &d.kind {
+            DeviceKind::Partition(p) => Some(MadePartition {
+                device: d.name.clone(),
+                gpu: d.gpu.gpu_uuid.clone(),
+                profile_id: p.profile.id,
+                start: p.placement.start,
+                size: p.placement.size,
+                slices: p.profile.slices,
+                gpu_instance: None,
+                compute_instance: None,
+                uuid: None,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 impl<C: ClaimSource> Driver<C> {
     pub(super) fn completed(checkpoint: &Checkpoint, uid: &str) -> Option<Vec<PreparedDevice>> {
         checkpoint
@@ -38,10 +63,18 @@ impl<C: ClaimSource> Driver<C> {
         let object = object?;
         let allocated = claim::allocated_devices(&object, claim, &self.driver_name, &self.pool)?;
         let claim::Resolved {
-            devices,
+            mut devices,
             time_slices,
             mps,
         } = claim::resolve(&object, &allocated, &self.table, &self.driver_name)?;
+        let partitions = planned_partitions(&devices);
+        // Whole cards of GPUs also offered in partitions: MIG must be off for them.
+        let mig_off: BTreeSet<String> = devices
+            .iter()
+            .filter(|d| !matches!(d.kind, DeviceKind::Partition(_) | DeviceKind::Mig(_)))
+            .filter(|d| self.table.offers_partitions(d.gpu.minor))
+            .map(|d| d.gpu.gpu_uuid.clone())
+            .collect();
         let prepared: Vec<PreparedDevice> = allocated
             .iter()
             .map(|a| PreparedDevice {
@@ -87,6 +120,7 @@ impl<C: ClaimSource> Driver<C> {
                     devices: prepared.clone(),
                     time_slices: time_slices.clone(),
                     mps: mps.clone(),
+                    partitions: partitions.clone(),
                 },
             );
             Ok(None)
@@ -98,7 +132,7 @@ impl<C: ClaimSource> Driver<C> {
                 added: false,
             });
         }
-        if !time_slices.is_empty() || mps.is_some() {
+        if !time_slices.is_empty() || mps.is_some() || !partitions.is_empty() {
             // What follows changes the node where the table cannot find it again: commit first.
             if let Err(e) = self.ledger.commit(version).await {
                 self.take_back(claim);
@@ -119,6 +153,20 @@ impl<C: ClaimSource> Driver<C> {
         {
             self.abandon(claim).await;
             return Err(ClaimFailure::Mps(reason));
+        }
+
+        for gpu in &mig_off {
+            if let Err(reason) = self.partitioner.set_mig(gpu, false).await {
+                self.abandon(claim).await;
+                return Err(ClaimFailure::Partition {
+                    device: gpu.clone(),
+                    reason,
+                });
+            }
+        }
+        if let Err(e) = self.make_partitions(claim, &mut devices).await {
+            self.abandon(claim).await;
+            return Err(e);
         }
 
         let cdi = self.cdi.clone();
@@ -169,6 +217,119 @@ impl<C: ClaimSource> Driver<C> {
         for (gpu, e) in self.settle_time_slices(&gpus).await {
             tracing::warn!(%gpu, error = %e, "restoring a GPU's time-slice interval after a failed prepare");
         }
+        let (held, _) = self.ledger.read(|cp| cp.made_gpu_instances());
+        for p in entry.partitions.iter().filter(|p| p.gpu_instance.is_some()) {
+            if let Err(e) = self.destroy_partition(p, &held).await {
+                tracing::warn!(claim = %claim, device = %p.device, error = %e, "destroying a MIG partition after a failed prepare");
+            }
+        }
+    }
+
+    /// Makes the partitions among `devices`, each step committed before the next, and puts the
+    /// MIG device made in place of each.
+    async fn make_partitions(
+        &self,
+        claim: &ClaimRef,
+        devices: &mut [NodeDevice],
+    ) -> Result<(), ClaimFailure> {
+        for device in devices.iter_mut() {
+            let DeviceKind::Partition(p) = &device.kind else {
+                continue;
+            };
+            let name = device.name.clone();
+            let fail = |reason: String| ClaimFailure::Partition {
+                device: name.clone(),
+                reason,
+            };
+            let gpu = device.gpu.gpu_uuid.clone();
+            self.partitioner.set_mig(&gpu, true).await.map_err(fail)?;
+            let gi = self
+                .partitioner
+                .create_gpu_instance(&gpu, p.profile.id, p.placement)
+                .await
+                .map_err(fail)?;
+            self.record(claim, &name, |m| m.gpu_instance = Some(gi))
+                .await?;
+            let ci = self
+                .partitioner
+                .create_compute_instance(&gpu, gi, p.profile.slices)
+                .await
+                .map_err(fail)?;
+            self.record(claim, &name, |m| m.compute_instance = Some(ci))
+                .await?;
+            let uuid = self
+                .partitioner
+                .mig_uuid(&gpu, gi, ci)
+                .await
+                .map_err(fail)?;
+            self.ledger.change(|state| {
+                Self::partition_of(state, claim, &name).map(|m| m.uuid = Some(uuid.clone()))
+            });
+            let made = p.made(&device.gpu, gi, ci, &uuid);
+            device.uuid = uuid;
+            device.kind = DeviceKind::Mig(made);
+        }
+        Ok(())
+    }
+
+    fn partition_of<'s>(
+        state: &'s mut Checkpoint,
+        claim: &ClaimRef,
+        device: &str,
+    ) -> Option<&'s mut MadePartition> {
+        state
+            .claims
+            .get_mut(&claim.uid)?
+            .partitions
+            .iter_mut()
+            .find(|m| m.device == device)
+    }
+
+    /// Records a step of making `device` in the claim's entry and commits it.
+    async fn record(
+        &self,
+        claim: &ClaimRef,
+        device: &str,
+        step: impl FnOnce(&mut MadePartition),
+    ) -> Result<(), ClaimFailure> {
+        let (_, version) = self
+            .ledger
+            .change(|state| Self::partition_of(state, claim, device).map(step));
+        self.ledger
+            .commit(version)
+            .await
+            .map(drop)
+            .map_err(|e| ClaimFailure::Checkpoint(e.to_string()))
+    }
+
+    /// Destroys a partition's GPU instance (and its compute instance): the one recorded, else
+    /// the one of its profile at its placement, which only a crash before the id was recorded
+    /// leaves; never one in `held` (made for a prepared claim).
+    pub(super) async fn destroy_partition(
+        &self,
+        p: &MadePartition,
+        held: &BTreeMap<String, BTreeSet<u32>>,
+    ) -> Result<(), String> {
+        let placement = MigPlacement {
+            start: p.start,
+            size: p.size,
+        };
+        let instances = match p.gpu_instance {
+            Some(gi) => vec![gi],
+            None => {
+                self.partitioner
+                    .find(&p.gpu, p.profile_id, placement)
+                    .await?
+            }
+        };
+        let kept = held.get(&p.gpu);
+        for gi in instances {
+            if p.gpu_instance.is_none() && kept.is_some_and(|k| k.contains(&gi)) {
+                continue;
+            }
+            self.partitioner.destroy(&p.gpu, p.profile_id, gi).await?;
+        }
+        Ok(())
     }
 
     /// Forgets a claim this call added: its spec and its entry (best effort, for failures).
@@ -213,6 +374,28 @@ impl<C: ClaimSource> Driver<C> {
                 .stop(&claim.uid)
                 .await
                 .map_err(ClaimFailure::Mps)?;
+        }
+        let (made, _) = self.ledger.read(|cp| {
+            cp.claims
+                .get(&claim.uid)
+                .map(|entry| entry.partitions.clone())
+                .unwrap_or_default()
+        });
+        for p in &made {
+            let (held, _) = self.ledger.read(|cp| {
+                let mut held = cp.made_gpu_instances();
+                // This claim's own instances are the ones to destroy.
+                if let (Some(gi), Some(mine)) = (p.gpu_instance, held.get_mut(&p.gpu)) {
+                    mine.remove(&gi);
+                }
+                held
+            });
+            self.destroy_partition(p, &held)
+                .await
+                .map_err(|reason| ClaimFailure::Partition {
+                    device: p.device.clone(),
+                    reason,
+                })?;
         }
         if known {
             self.cdi

@@ -9,17 +9,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-const NODE: &str = "node-a";
-const DRIVER: &str = "gpu.nvidia.com";
+pub(super) const NODE: &str = "node-a";
+pub(super) const DRIVER: &str = "gpu.nvidia.com";
 
 #[derive(Default)]
-struct Claims {
+pub(super) struct Claims {
     objects: std::sync::Mutex<HashMap<String, ResourceClaim>>,
     gets: AtomicUsize,
 }
 
 impl Claims {
-    fn put(&self, c: ResourceClaim) {
+    pub(super) fn put(&self, c: ResourceClaim) {
         let name = c.metadata.name.clone().unwrap();
         self.objects.lock().unwrap().insert(name, c);
     }
@@ -37,7 +37,7 @@ impl ClaimSource for Arc<Claims> {
     }
 }
 
-fn exclusive(name: &str, uid: &str, devices: &[&str]) -> ResourceClaim {
+pub(super) fn exclusive(name: &str, uid: &str, devices: &[&str]) -> ResourceClaim {
     let results: Vec<_> = devices
         .iter()
         .map(|d| ("gpu", DRIVER, NODE, *d, false))
@@ -45,7 +45,7 @@ fn exclusive(name: &str, uid: &str, devices: &[&str]) -> ResourceClaim {
     claim(name, uid, &results, serde_json::json!([]))
 }
 
-fn cref(name: &str, uid: &str) -> ClaimRef {
+pub(super) fn cref(name: &str, uid: &str) -> ClaimRef {
     ClaimRef {
         namespace: "ns".into(),
         uid: uid.into(),
@@ -65,7 +65,7 @@ fn driver(dir: &Path, claims: &Arc<Claims>) -> (Driver<Arc<Claims>>, StartReport
     .unwrap()
 }
 
-fn setup() -> (tempfile::TempDir, Arc<Claims>) {
+pub(super) fn setup() -> (tempfile::TempDir, Arc<Claims>) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("plugin")).unwrap();
     (dir, Arc::default())
@@ -705,6 +705,7 @@ async fn a_crash_mid_prepare_is_rolled_back_at_start() {
             devices: vec![],
             time_slices: BTreeMap::from([("GPU-half".into(), Interval::Medium)]),
             mps: None,
+            partitions: Vec::new(),
         },
     );
     store.save(&cp).unwrap();

@@ -1,0 +1,369 @@
+//! The counter model checked against the MIG profile tables of the GPU models served.
+//!
+//! Source of the tables: NVIDIA's MIG User Guide, "Supported MIG Profiles"
+//! (docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html): profile names,
+//! instance counts and memory fractions per model; the placements are the ones
+//! `nvidia-smi mig -lgipp` lists (the guide's getting-started page prints them for A100 and H100),
+//! the same on every model here: 1g {0..6}:1, 1g+me {0..6}:1, 1g double memory {0,2,4,6}:2,
+//! 2g {0,2,4}:2, 3g {0,4}:4, 4g {0}:4, 7g {0}:8. Profile ids are `nvidia-smi mig -lgip`'s.
+
+use super::*;
+use gpu_discovery::{CudaVersion, MigProfile};
+
+/// One row of a model's table: profile id, name, compute slices, instances, placement size,
+/// placement starts.
+type Row = (u32, &'static str, u32, u32, u32, &'static [u32]);
+
+/// The table shape every served model shares, with its names (1g, 1g+me, 1g double memory, 2g,
+/// 3g, 4g, 7g).
+fn table(names: [&'static str; 7]) -> Vec<Row> {
+    vec![
+        (19, names[0], 1, 7, 1, &[0, 1, 2, 3, 4, 5, 6]),
+        (20, names[1], 1, 1, 1, &[0, 1, 2, 3, 4, 5, 6]),
+        (15, names[2], 1, 4, 2, &[0, 2, 4, 6]),
+        (14, names[3], 2, 3, 2, &[0, 2, 4]),
+        (9, names[4], 3, 2, 4, &[0, 4]),
+        (5, names[5], 4, 1, 4, &[0]),
+        (0, names[6], 7, 1, 8, &[0]),
+    ]
+}
+
+/// The models served, with their architecture and table.
+fn models() -> Vec<(&'static str, &'static str, Vec<Row>)> {
+    vec![
+        (
+            "A100-SXM4-40GB",
+            "Ampere",
+            table([
+                "1g.5gb",
+                "1g.5gb+me",
+                "1g.10gb",
+                "2g.10gb",
+                "3g.20gb",
+                "4g.20gb",
+                "7g.40gb",
+            ]),
+        ),
+        (
+            "A100-SXM4-80GB",
+            "Ampere",
+            table([
+                "1g.10gb",
+                "1g.10gb+me",
+                "1g.20gb",
+                "2g.20gb",
+                "3g.40gb",
+                "4g.40gb",
+                "7g.80gb",
+            ]),
+        ),
+        (
+            "H100 80GB HBM3",
+            "Hopper",
+            table([
+                "1g.10gb",
+                "1g.10gb+me",
+                "1g.20gb",
+                "2g.20gb",
+                "3g.40gb",
+                "4g.40gb",
+                "7g.80gb",
+            ]),
+        ),
+        (
+            "H200",
+            "Hopper",
+            table([
+                "1g.18gb",
+                "1g.18gb+me",
+                "1g.35gb",
+                "2g.35gb",
+                "3g.71gb",
+                "4g.71gb",
+                "7g.141gb",
+            ]),
+        ),
+        (
+            "B200",
+            "Blackwell",
+            table([
+                "1g.23gb",
+                "1g.23gb+me",
+                "1g.45gb",
+                "2g.45gb",
+                "3g.90gb",
+                "4g.90gb",
+                "7g.180gb",
+            ]),
+        ),
+        (
+            "GB200",
+            "Blackwell",
+            table([
+                "1g.23gb",
+                "1g.23gb+me",
+                "1g.47gb",
+                "2g.47gb",
+                "3g.93gb",
+                "4g.93gb",
+                "7g.186gb",
+            ]),
+        ),
+    ]
+}
+
+fn gpu(product: &str, architecture: &str, rows: &[Row], mig_mode: MigMode) -> Gpu {
+    Gpu {
+        index: 0,
+        minor: 0,
+        uuid: "GPU-0".into(),
+        product_name: format!("NVIDIA {product}"),
+        brand: "Nvidia".into(),
+        architecture: architecture.into(),
+        cuda_compute_capability: CudaVersion { major: 9, minor: 0 },
+        memory_bytes: Some(80 << 30),
+        pci_bus_id: "0000:07:00.0".into(),
+        pcie_root: None,
+        addressing_mode: None,
+        mig_mode,
+        mig_devices: Vec::new(),
+        mig_profiles: rows
+            .iter()
+            .map(|&(id, name, slices, instances, size, starts)| MigProfile {
+                index: 0,
+                id,
+                name: name.into(),
+                slices,
+                instances,
+                memory_bytes: u64::from(size) * (10 << 30),
+                multiprocessors: slices * 16,
+                copy_engines: slices,
+                decoders: slices,
+                encoders: 0,
+                jpeg_engines: slices,
+                ofa_engines: u32::from(name.ends_with("+me")),
+                placements: starts
+                    .iter()
+                    .map(|&start| MigPlacement { start, size })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+fn partition(device: &NodeDevice) -> &Partition {
+    match &device.kind {
+        crate::devices::DeviceKind::Partition(p) => p,
+        other => panic!("{} is no partition: {other:?}", device.name),
+    }
+}
+
+/// Whether the devices drawing `uses` all fit the counters at once.
+fn fit(counters: &GpuCounters, uses: &[BTreeMap<String, u64>]) -> bool {
+    counters
+        .capacities()
+        .iter()
+        .all(|(name, capacity)| uses.iter().filter_map(|u| u.get(name)).sum::<u64>() <= *capacity)
+}
+
+/// MIG's own rule for two GPU instances: no shared memory slice, and a profile with one
+/// instance allowed never twice.
+fn nvml_allows(a: &Partition, b: &Partition) -> bool {
+    let same_single = a.profile.name == b.profile.name && a.profile.instances < 2;
+    !a.placement.overlaps(b.placement) && !same_single
+}
+
+#[test]
+fn every_model_offers_each_profile_at_each_placement_and_its_whole_card() {
+    for (product, arch, rows) in models() {
+        let mode = if arch == "Ampere" {
+            MigMode::Enabled
+        } else {
+            MigMode::Disabled
+        };
+        let offer = offer(&gpu(product, arch, &rows, mode), &BTreeSet::new());
+        assert_eq!(offer.partitions.len(), 25, "{product}: 7+7+4+3+2+1+1");
+        let names: BTreeSet<String> = offer.partitions.iter().map(|d| d.name.clone()).collect();
+        assert_eq!(names.len(), 25, "{product}: names are unique");
+        let three = format!("gpu-0-mig-{}-9-4", profile_slug(rows[4].1));
+        assert!(names.contains(&three), "{product}: {three}");
+        assert!(
+            offer.partitions.iter().all(|d| d.uuid.is_empty()),
+            "not made yet"
+        );
+        assert_eq!(
+            offer.whole.is_some(),
+            arch != "Ampere",
+            "{product}: an Ampere GPU with MIG on cannot be given whole without a reset"
+        );
+    }
+}
+
+#[test]
+fn counters_allow_two_partitions_exactly_when_mig_does_and_the_card_excludes_them_all() {
+    for (product, arch, rows) in models() {
+        let offer = offer(
+            &gpu(product, arch, &rows, MigMode::Enabled),
+            &BTreeSet::new(),
+        );
+        let parts: Vec<&Partition> = offer.partitions.iter().map(partition).collect();
+        let counters = gpu_counters(parts.iter().copied());
+        assert_eq!(counters.memory_slices, 8, "{product}");
+        assert_eq!(
+            counters.limited.keys().collect::<Vec<_>>(),
+            vec![rows[1].1],
+            "{product}: only the +me profile's instance count binds"
+        );
+        assert!(counters.capacities().len() <= 32, "API limit per set");
+        for a in &parts {
+            assert!(
+                !fit(&counters, &[counters.whole(), counters.partition(a)]),
+                "{product}: the card and {:?}",
+                a.placement
+            );
+            for b in &parts {
+                if std::ptr::eq(*a, *b) {
+                    continue;
+                }
+                assert_eq!(
+                    fit(&counters, &[counters.partition(a), counters.partition(b)]),
+                    nvml_allows(a, b),
+                    "{product}: {}@{} with {}@{}",
+                    a.profile.name,
+                    a.placement.start,
+                    b.profile.name,
+                    b.placement.start
+                );
+            }
+        }
+        assert!(fit(&counters, &[counters.whole()]));
+    }
+}
+
+/// The partition of `profile` (by row) at `start` among `parts`.
+fn at<'a>(parts: &[&'a Partition], rows: &[Row], row: usize, start: u32) -> &'a Partition {
+    parts
+        .iter()
+        .find(|p| p.profile.name == rows[row].1 && p.placement.start == start)
+        .copied()
+        .unwrap()
+}
+
+#[test]
+fn the_guides_example_layouts_fit_and_an_eighth_slice_does_not() {
+    let (product, arch, rows) = models().remove(2);
+    let offer = offer(
+        &gpu(product, arch, &rows, MigMode::Disabled),
+        &BTreeSet::new(),
+    );
+    let parts: Vec<&Partition> = offer.partitions.iter().map(partition).collect();
+    let counters = gpu_counters(parts.iter().copied());
+    let uses = |layout: &[(usize, u32)]| -> Vec<BTreeMap<String, u64>> {
+        layout
+            .iter()
+            .map(|&(row, start)| counters.partition(at(&parts, &rows, row, start)))
+            .collect()
+    };
+    // 4g + 2g + 1g, 3g + 3g, seven 1g, 1g+me beside six 1g: layouts the guide lists.
+    for layout in [
+        vec![(5, 0), (3, 4), (0, 6)],
+        vec![(4, 0), (4, 4)],
+        (0..7).map(|s| (0, s)).collect(),
+        vec![(1, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0, 6)],
+    ] {
+        assert!(fit(&counters, &uses(&layout)), "{layout:?}");
+    }
+    // A 3g at 4 with a 1g inside it; a second +me; the 7g beside anything.
+    for layout in [
+        vec![(4, 4), (0, 5)],
+        vec![(1, 0), (1, 3)],
+        vec![(6, 0), (0, 0)],
+    ] {
+        assert!(!fit(&counters, &uses(&layout)), "{layout:?}");
+    }
+}
+
+#[test]
+fn mig_devices_made_by_someone_else_stay_and_block_what_overlaps_them() {
+    let (product, arch, rows) = models().remove(2);
+    let mut g = gpu(product, arch, &rows, MigMode::Enabled);
+    let theirs = gpu_discovery::MigDevice {
+        parent_uuid: "GPU-0".into(),
+        parent_minor: 0,
+        index: 0,
+        uuid: "MIG-theirs".into(),
+        profile: "3g.40gb".into(),
+        gpu_instance_profile_id: 9,
+        gpu_instance_id: 2,
+        compute_instance_id: 0,
+        placement_start: 4,
+        placement_size: 4,
+        slices: 3,
+        memory_bytes: 40 << 30,
+        multiprocessors: 60,
+        copy_engines: 3,
+        decoders: 3,
+        encoders: 0,
+        jpeg_engines: 3,
+        ofa_engines: 0,
+    };
+    let mine = gpu_discovery::MigDevice {
+        uuid: "MIG-mine".into(),
+        profile: "1g.10gb".into(),
+        gpu_instance_profile_id: 19,
+        gpu_instance_id: 7,
+        placement_start: 0,
+        placement_size: 1,
+        ..theirs.clone()
+    };
+    g.mig_devices = vec![theirs, mine];
+    let offer = offer(&g, &BTreeSet::from([7]));
+    assert_eq!(offer.existing.len(), 1);
+    assert_eq!(offer.existing[0].uuid, "MIG-theirs");
+    assert!(
+        offer.whole.is_none(),
+        "the card is not whole while theirs is on it"
+    );
+    assert!(
+        offer
+            .partitions
+            .iter()
+            .all(|d| partition(d).placement.start + partition(d).placement.size <= 4),
+        "nothing overlaps slices 4-7"
+    );
+    assert!(
+        offer
+            .partitions
+            .iter()
+            .any(|d| d.name == "gpu-0-mig-1g10gb-19-0"),
+        "the plugin's own 1g at 0 stays a partition"
+    );
+    assert!(offer.note.unwrap().contains("not made by this plugin"));
+}
+
+#[test]
+fn an_ampere_gpu_with_mig_off_and_a_gpu_without_mig_are_offered_whole() {
+    let (product, arch, rows) = models().remove(0);
+    let offer = offer(
+        &gpu(product, arch, &rows, MigMode::Disabled),
+        &BTreeSet::new(),
+    );
+    assert!(offer.partitions.is_empty() && offer.whole.is_some());
+    assert!(offer.note.unwrap().contains("only with a GPU reset"));
+    let mut l4 = gpu("L4", "Ada Lovelace", &[], MigMode::NotSupported);
+    l4.mig_profiles.clear();
+    let offer = super::offer(&l4, &BTreeSet::new());
+    assert!(offer.partitions.is_empty() && offer.whole.is_some() && offer.note.is_none());
+}
+
+#[test]
+fn the_mode_is_named_static_or_dynamic() {
+    assert_eq!("dynamic".parse(), Ok(Partitioning::Dynamic));
+    assert_eq!("static".parse(), Ok(Partitioning::Static));
+    assert!(
+        "Dynamic"
+            .parse::<Partitioning>()
+            .unwrap_err()
+            .contains("neither static nor dynamic")
+    );
+}
