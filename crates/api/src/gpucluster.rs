@@ -303,6 +303,33 @@ pub struct GpusSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^(disabled|memory|unlimited|[1-9][0-9]{0,5})$"))]
     pub consumable_shares: Option<String>,
+    /// How MIG devices come to be on DRA nodes: `static` (the default: an admin partitions GPUs
+    /// beforehand and the plugin publishes the MIG devices it finds) or `dynamic` (every
+    /// partition a GPU supports is published, and the one a claim is given is made when the claim
+    /// is prepared and destroyed after it; docs/mig.md). The upstream driver's feature gate
+    /// `DynamicMIG: true` asks for `dynamic` too. Needs the apiserver's DRAPartitionableDevices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_partitioning: Option<MigPartitioning>,
+}
+
+/// How MIG devices come to be on DRA nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum MigPartitioning {
+    /// An admin partitions GPUs beforehand.
+    Static,
+    /// Partitions are made when claims are prepared.
+    Dynamic,
+}
+
+impl MigPartitioning {
+    /// The plugin's flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigPartitioning::Static => "static",
+            MigPartitioning::Dynamic => "dynamic",
+        }
+    }
 }
 
 /// ComputeDomain support of the DRA driver.

@@ -58,8 +58,8 @@ impl Feature {
                 "a GPU cannot be shared by several claims (shared GPU classes, consumableShares)"
             }
             Feature::PartitionableDevices => {
-                "no GPU is published in shares (GPUClass shared variants), and MIG partitions \
-                 cannot be offered as devices that draw on a card's counters"
+                "no GPU is published in shares (GPUClass shared variants), and dynamic MIG \
+                 (migPartitioning: dynamic) offers no partition: GPUs are published whole"
             }
             Feature::BindingConditions => {
                 "devices cannot hold a pod's binding until they are attached, and claims carry \

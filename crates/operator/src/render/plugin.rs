@@ -261,6 +261,9 @@ fn gpus_container(
     if let Some(mode) = &spec.dra_driver.gpus.consumable_shares {
         env.push((e::CONSUMABLE_SHARES, mode.as_str()));
     }
+    if let Some(mode) = spec.dra_driver.gpus.mig_partitioning {
+        env.push((e::MIG_PARTITIONING, mode.as_str()));
+    }
     let container = PluginContainer {
         name: "gpus",
         command: json!(["gpu-kubelet-plugin"]),

@@ -81,7 +81,7 @@ fn fully_customised_spec() {
             "repository": "registry.example/custom", "image": "plugin", "version": "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
             "imagePullPolicy": "Always", "imagePullSecrets": ["regcred"],
             "featureGates": {"PassthroughSupport": true, "MPSSupport": false},
-            "gpus": {"consumableShares": "4", "kubeletPlugin": {
+            "gpus": {"consumableShares": "4", "migPartitioning": "dynamic", "kubeletPlugin": {
                 "env": [{"name": "LOG_VERBOSITY", "value": "6"}, {"name": "HTTP_ENDPOINT", "value": "0.0.0.0:9090"}],
                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                 "healthcheck": {"port": 52000}}},
