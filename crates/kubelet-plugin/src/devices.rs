@@ -100,6 +100,15 @@ impl DeviceTable {
         })
     }
 
+    /// This table without MIG partitions: what is published where counters are not served.
+    pub fn without_partitions(&self) -> Self {
+        let mut table = self.clone();
+        table
+            .devices
+            .retain(|_, d| !matches!(d.kind, DeviceKind::Partition(_)));
+        table
+    }
+
     /// Whether the GPU of minor `minor` is offered in MIG partitions (dynamic MIG).
     pub fn offers_partitions(&self, minor: u32) -> bool {
         self.devices

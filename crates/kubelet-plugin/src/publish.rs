@@ -9,10 +9,11 @@
 //! sees that in the write's answer and from then on leaves unhealthy devices out of the slices
 //! instead.
 //!
-//! GPU shares go the same way where the apiserver drops what they need (`DRAConsumableCapacity`
-//! or `DRAPartitionableDevices` off) or refuses their layout: Kubernetes 1.34 wants a device's
-//! counter set in the device's own slice and answers the 1.35 layout (counter sets in slices of
-//! their own) with 422. Either way the node's GPUs are published whole, unshared.
+//! GPU shares and dynamic MIG's partitions go the same way where the apiserver drops what they
+//! need (`DRAConsumableCapacity` or `DRAPartitionableDevices` off) or refuses their layout:
+//! Kubernetes 1.34 wants a device's counter set in the device's own slice and answers the 1.35
+//! layout (counter sets in slices of their own) with 422. Either way the node's GPUs are
+//! published whole, unshared and unpartitioned.
 
 use crate::device_health::{self, HealthView};
 use crate::devices::DeviceTable;
@@ -135,38 +136,35 @@ impl Publisher {
     /// [`Publisher::desired`], with the shares in it.
     fn desired_with_shares(&self, generation: i64) -> (Vec<ResourceSlice>, Vec<Share>) {
         let view = self.health.borrow();
-        let taints = device_health::device_taints(&self.table, &view);
-        let shares_of = |table: &DeviceTable| {
-            if !self.sharing_kept {
-                return Vec::new();
-            }
-            let offered = sharing::shares(table, &self.offers.borrow());
+        // Without counters, partitions would be handed out overlapping: GPUs go whole.
+        let mut table = if self.sharing_kept {
+            std::borrow::Cow::Borrowed(&*self.table)
+        } else {
+            std::borrow::Cow::Owned(self.table.without_partitions())
+        };
+        let mut taints = device_health::device_taints(&table, &view);
+        if !self.taints_kept && !taints.is_empty() {
+            table
+                .to_mut()
+                .devices
+                .retain(|name, _| !taints.contains_key(name));
+            taints = Taints::new();
+        }
+        let shares = if self.sharing_kept {
+            let offered = sharing::shares(&table, &self.offers.borrow());
             match &self.held {
                 Some(held) => sharing::keep_held(offered, &self.published_shares, &held.borrow()),
                 None => offered,
             }
+        } else {
+            Vec::new()
         };
-        if self.taints_kept || taints.is_empty() {
-            let shares = shares_of(&self.table);
-            let slices = slices::desired_slices(
-                &self.node,
-                &self.driver,
-                &self.table,
-                &shares,
-                &taints,
-                generation,
-            );
-            return (slices, shares);
-        }
-        let mut healthy = (*self.table).clone();
-        healthy.devices.retain(|name, _| !taints.contains_key(name));
-        let shares = shares_of(&healthy);
         let slices = slices::desired_slices(
             &self.node,
             &self.driver,
-            &healthy,
+            &table,
             &shares,
-            &Taints::new(),
+            &taints,
             generation,
         );
         (slices, shares)

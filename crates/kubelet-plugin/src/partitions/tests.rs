@@ -367,3 +367,157 @@ fn the_mode_is_named_static_or_dynamic() {
             .contains("neither static nor dynamic")
     );
 }
+
+/// An H100 node of `gpus` GPUs in dynamic mode, as its slices publish it.
+fn published(
+    gpus: u32,
+    shares: &[crate::devices::Share],
+) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
+    let (_, arch, rows) = models().remove(2);
+    let inventory = gpu_discovery::Inventory {
+        driver_version: "580.95.05".into(),
+        cuda_driver_version: CudaVersion {
+            major: 13,
+            minor: 0,
+        },
+        gpus: (0..gpus)
+            .map(|i| Gpu {
+                index: i,
+                minor: i,
+                uuid: format!("GPU-{i}"),
+                ..gpu("H100 80GB HBM3", arch, &rows, MigMode::Disabled)
+            })
+            .collect(),
+        unreadable: Vec::new(),
+    };
+    let (table, notes) = crate::devices::DeviceTable::partitioned(&inventory, &BTreeMap::new());
+    assert!(notes.is_empty(), "{notes:?}");
+    let node = crate::slices::NodeRef {
+        name: "node-a".into(),
+        uid: "uid".into(),
+    };
+    crate::slices::desired_slices(
+        &node,
+        "gpu.nvidia.com",
+        &table,
+        shares,
+        &Default::default(),
+        1,
+    )
+}
+
+/// The counters `device` of `slices` consumes, as `name=value`.
+fn consumed(slices: &[k8s_openapi::api::resource::v1::ResourceSlice], device: &str) -> Vec<String> {
+    let found = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == device)
+        .unwrap_or_else(|| panic!("{device} not published"));
+    found
+        .consumes_counters
+        .iter()
+        .flatten()
+        .flat_map(|c| {
+            c.counters
+                .iter()
+                .map(move |(k, v)| format!("{}/{k}={}", c.counter_set, v.value.0))
+        })
+        .collect()
+}
+
+#[test]
+fn a_partitioned_node_publishes_one_counter_set_per_gpu_within_the_apis_limits() {
+    let slices = published(8, &[]);
+    let sets: Vec<_> = slices
+        .iter()
+        .flat_map(|s| s.spec.shared_counters.iter().flatten())
+        .collect();
+    assert_eq!(sets.len(), 8);
+    let first = sets.iter().find(|s| s.name == "gpu-0").unwrap();
+    let mut names: Vec<_> = first.counters.keys().cloned().collect();
+    names.sort();
+    assert_eq!(
+        names.len(),
+        9,
+        "8 memory slices and the +me instances: {names:?}"
+    );
+    assert!(names.contains(&"instances-1g10gb-me".to_owned()));
+    for slice in &slices {
+        let devices = slice.spec.devices.as_ref().map_or(0, Vec::len);
+        assert!(
+            devices <= 64,
+            "devices consuming counters: at most 64 per slice"
+        );
+        assert!(
+            slice.spec.devices.is_none() || slice.spec.shared_counters.is_none(),
+            "devices and counter sets in slices of their own"
+        );
+        assert!(slice.spec.shared_counters.as_ref().map_or(0, Vec::len) <= 8);
+    }
+    let devices = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .count();
+    assert_eq!(devices, 8 * 26, "25 partitions and the card, per GPU");
+    assert_eq!(
+        consumed(&slices, "gpu-3"),
+        (0..8)
+            .map(|i| format!("gpu-3/memory-slice-{i}=1"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        consumed(&slices, "gpu-3-mig-3g40gb-9-4"),
+        (4..8)
+            .map(|i| format!("gpu-3/memory-slice-{i}=1"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        consumed(&slices, "gpu-3-mig-1g10gb-me-20-2"),
+        ["gpu-3/instances-1g10gb-me=1", "gpu-3/memory-slice-2=1"]
+    );
+    let partition = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == "gpu-3-mig-3g40gb-9-4")
+        .unwrap();
+    let attributes = partition.attributes.as_ref().unwrap();
+    assert_eq!(attributes["type"].string.as_deref(), Some("mig"));
+    assert_eq!(attributes["profile"].string.as_deref(), Some("3g.40gb"));
+    assert_eq!(attributes["parentUUID"].string.as_deref(), Some("GPU-3"));
+    assert!(!attributes.contains_key("uuid"), "no UUID until it is made");
+}
+
+#[test]
+fn shares_of_a_partitioned_gpu_draw_on_its_card_and_every_slice() {
+    let share = crate::devices::Share {
+        name: "gpu-0-shared-quarter".into(),
+        gpu: "gpu-0".into(),
+        class: "quarter".into(),
+        card_bytes: 80 << 30,
+        share_bytes: 20 << 30,
+        strategy: api::gpuclass::SharingStrategy::TimeSlicing,
+    };
+    let slices = published(1, &[share]);
+    let mut want = vec!["gpu-0/card=1".to_owned()];
+    want.extend((0..8).map(|i| format!("gpu-0/memory-slice-{i}=1")));
+    assert_eq!(consumed(&slices, "gpu-0-shared-quarter"), want);
+    assert_eq!(consumed(&slices, "gpu-0"), want);
+}
+
+#[test]
+fn without_counters_a_partitioned_node_is_published_whole() {
+    let (_, arch, rows) = models().remove(2);
+    let inventory = gpu_discovery::Inventory {
+        driver_version: "580.95.05".into(),
+        cuda_driver_version: CudaVersion {
+            major: 13,
+            minor: 0,
+        },
+        gpus: vec![gpu("H100 80GB HBM3", arch, &rows, MigMode::Disabled)],
+        unreadable: Vec::new(),
+    };
+    let (table, _) = crate::devices::DeviceTable::partitioned(&inventory, &BTreeMap::new());
+    let whole = table.without_partitions();
+    assert_eq!(whole.devices.keys().collect::<Vec<_>>(), ["gpu-0"]);
+    assert!(table.offers_partitions(0) && !whole.offers_partitions(0));
+}
