@@ -163,3 +163,30 @@ fn an_injected_failure_names_its_step_and_leaves_what_was_made_listed() {
     s.destroy_gpu_instance(&gpu, gi).unwrap();
     assert!(s.gpu_instances(&gpu, &[P_3G40]).unwrap().is_empty());
 }
+
+#[test]
+fn a_stalled_step_hangs_until_the_control_file_lets_it_go() {
+    let node = FakeNode::new();
+    node.install_host_driver(&json!({"profile": "h100-sxm5-80gb", "gpu_count": 1,
+        "faults": {"mig_stall": "create-compute-instance"}}));
+    let s = std::sync::Arc::new(session(&node));
+    let gpu = s.inventory().unwrap().gpus[0].uuid.clone();
+    s.set_mig(&gpu, true).unwrap();
+    let gi = s
+        .create_gpu_instance(&gpu, P_1G10, MigPlacement { start: 0, size: 1 })
+        .unwrap();
+    let call = {
+        let (s, gpu) = (std::sync::Arc::clone(&s), gpu.clone());
+        std::thread::spawn(move || s.create_compute_instance(&gpu, gi, 1))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!call.is_finished(), "the compute instance waits");
+    assert!(
+        s.gpu_instances(&gpu, &[P_1G10]).unwrap()[0]
+            .compute_instances
+            .is_empty(),
+        "other calls go on meanwhile"
+    );
+    configure(&node.host_root(), &mock_config("h100-sxm5-80gb", 1));
+    assert!(call.join().unwrap().is_ok());
+}

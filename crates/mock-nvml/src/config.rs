@@ -8,7 +8,8 @@
 //! "ecc_events": [{"gpu": 1, "kind": "double-bit"}], "mig_failures": ["create-compute-instance"]}}`.
 //! Env overrides: `MOCK_NVML_PROFILE`, `MOCK_NVML_GPU_COUNT`, `MOCK_NVML_INIT_ERROR`,
 //! `MOCK_NVML_LOST_GPUS` (`0,2`), `MOCK_NVML_XID` (`gpu:xid,...`), `MOCK_NVML_ECC`
-//! (`gpu:single-bit|double-bit,...`), `MOCK_NVML_MIG_FAIL` (`create-gpu-instance,...`).
+//! (`gpu:single-bit|double-bit,...`), `MOCK_NVML_MIG_FAIL` (`create-gpu-instance,...`),
+//! `MOCK_NVML_MIG_STALL` (`create-compute-instance`).
 //!
 //! The profile and GPU count are read at the first `nvmlInit`. The control file is read again
 //! whenever it changes while NVML is open; its faults then replace those in force, and its XID
@@ -83,6 +84,10 @@ pub struct Faults {
     /// `destroy-compute-instance`, `destroy-gpu-instance`, `set-mig-mode`).
     #[serde(default)]
     pub mig_failures: Vec<crate::partitioning::Step>,
+    /// A partitioning step that hangs until the control file no longer names it (at most five
+    /// minutes): what a test kills a caller in the middle of.
+    #[serde(default)]
+    pub mig_stall: Option<crate::partitioning::Step>,
 }
 
 /// How `nvmlInit*` fails.
@@ -160,6 +165,12 @@ impl Config {
             self.faults.ecc_events = parse_list(&eccs, parse_ecc).ok_or_else(|| {
                 format!("MOCK_NVML_ECC={eccs:?}, expected gpu:single-bit|double-bit,...")
             })?;
+        }
+        if let Some(step) = get("MOCK_NVML_MIG_STALL") {
+            self.faults.mig_stall =
+                Some(crate::partitioning::Step::parse(&step).ok_or_else(|| {
+                    format!("MOCK_NVML_MIG_STALL={step:?}, expected a step name")
+                })?);
         }
         if let Some(steps) = get("MOCK_NVML_MIG_FAIL") {
             self.faults.mig_failures =

@@ -47,6 +47,8 @@ pub struct Session {
     mig_seen: Option<Option<Stamp>>,
     /// Partitioning steps made to fail.
     mig_failures: Vec<Step>,
+    /// A partitioning step made to hang.
+    mig_stall: Option<Step>,
 }
 
 /// A queued device event, as NVML reports it.
@@ -154,6 +156,19 @@ pub fn wait_event(set: u32, timeout_ms: u32) -> Result<(Handle, Event), Ret> {
     }
 }
 
+/// Hangs while the control file makes `step` stall (re-read every [`CONTROL_POLL`], five minutes
+/// at most), without holding the library's lock.
+pub fn wait_out_stall(step: Step) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        let stalled = with_session(|s| Ok(s.mig_stall == Some(step))).unwrap_or(false);
+        if !stalled {
+            return;
+        }
+        std::thread::sleep(CONTROL_POLL);
+    }
+}
+
 /// Wakes event waiters after a registration or a new event.
 pub fn notify_events() {
     EVENTS.notify_all();
@@ -205,6 +220,7 @@ fn session_from(cfg: Config, control: Option<PathBuf>, settings: Store) -> Resul
         settings,
         mig_seen: None,
         mig_failures: Vec::new(),
+        mig_stall: None,
     };
     session.apply_faults(cfg.faults);
     session.reload_mig();
@@ -416,6 +432,7 @@ impl Session {
 
     fn apply_faults(&mut self, faults: Faults) {
         self.mig_failures = faults.mig_failures;
+        self.mig_stall = faults.mig_stall;
         self.lost = faults.lost_gpus;
         let xids = faults.xid_events.iter().map(|x| Event {
             gpu: x.gpu,

@@ -282,6 +282,38 @@ impl RealNodes {
         self.hack_cluster(&args).map(drop)
     }
 
+    /// SIGKILLs the `gpus` container of the kubelet plugin pod on `node` (the kubelet restarts it).
+    pub async fn kill_plugin(&self, node: &str) -> anyhow::Result<()> {
+        let container = self
+            .plugin_pod(node)
+            .await?
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.name == "gpus")
+            .and_then(|c| c.container_id)
+            .context("the plugin's gpus container has no id")?;
+        let ctr = self.env.tools_dir.join("ctr").display().to_string();
+        let id = container.trim_start_matches("containerd://");
+        self.node_exec(
+            node,
+            &[
+                &ctr,
+                "--address",
+                "/run/containerd/containerd.sock",
+                "-n",
+                "k8s.io",
+                "tasks",
+                "kill",
+                "-s",
+                "SIGKILL",
+                id,
+            ],
+        )
+        .map(drop)
+    }
+
     /// Restarts `node`'s kubelet (as a kubelet upgrade or a crash does).
     pub fn restart_kubelet(&self, node: &str) -> anyhow::Result<()> {
         self.hack_cluster(&["restart-kubelet", node]).map(drop)

@@ -39,6 +39,30 @@ impl RealNodes {
         )
     }
 
+    /// The UID of workload pod `pod`'s claim and the device it was allocated.
+    pub async fn claimed(&self, pod: &str) -> anyhow::Result<(String, String)> {
+        let claim = self.claim_of(pod).await?;
+        let uid = claim.metadata.uid.context("the claim has no uid")?;
+        let device = claim
+            .status
+            .and_then(|s| s.allocation?.devices?.results?.into_iter().next())
+            .map(|r| r.device)
+            .context("the claim is not allocated")?;
+        Ok((uid, device))
+    }
+
+    /// The checkpoint of the plugin on `node`, as JSON (its payload).
+    pub fn checkpoint(&self, node: &str) -> anyhow::Result<serde_json::Value> {
+        let path = self
+            .node_dir(node)
+            .join("var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Ok(value["payload"].clone())
+    }
+
     /// The CDI spec file the plugin on `node` writes for the claim with uid `uid`.
     pub fn claim_spec(&self, node: &str, uid: &str) -> PathBuf {
         self.node_dir(node)
@@ -58,14 +82,7 @@ impl RealNodes {
 
     /// The state the plugin's checkpoint on `node` records for claim `uid` (empty when none).
     pub fn checkpointed(&self, node: &str, uid: &str) -> anyhow::Result<String> {
-        let path = self
-            .node_dir(node)
-            .join("var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let value: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        Ok(value["payload"]["claims"][uid]["state"]
+        Ok(self.checkpoint(node)?["claims"][uid]["state"]
             .as_str()
             .unwrap_or_default()
             .to_owned())

@@ -4,7 +4,8 @@
 //! kubelet plugin's life on a real kubelet: a restart, its metrics, its pod replaced, MIG, a crash
 //! mid-prepare (`plugin`), GPU health through the kubelet (`health`), claims written for the
 //! upstream driver's sharing API and consumable shares (`sharing`), CEL selection on the published
-//! attributes (`selection`), GPUClasses: extended resources and shares of a card (`classes`), a
+//! attributes (`selection`), GPUClasses: extended resources and shares of a card (`classes`), MIG
+//! partitions made when claims are prepared (`dynamic_mig`), a
 //! node moved between DRA and the device plugin and that plane's behaviours (`planes`), two nodes
 //! handed over under a PodDisruptionBudget (`handover`), an operand's failure in the GPUCluster's
 //! status (`status`), `kubectl gpu`'s views of all that (`kubectl_gpu`), the cluster as a Prometheus scraping the chart's PodMonitors sees it (`observability`), the chart's dashboard drawing data after them all (`dashboard`, run after the others), the product upgraded from earlier releases and back under running claims (`upgrade`, after that) a GPU arriving on a running node (`hotplug`: it changes the node for good) and
@@ -18,6 +19,7 @@ mod access;
 mod classes;
 mod dashboard;
 mod driver_upgrade;
+mod dynamic_mig;
 mod handover;
 mod health;
 mod hotplug;

@@ -159,18 +159,6 @@ async fn exporter_claim_holding(
     }))
 }
 
-/// The uid and first allocated device of workload pod `pod`'s claim.
-async fn claimed(cluster: &RealNodes, pod: &str) -> anyhow::Result<(String, String)> {
-    let claim = cluster.claim_of(pod).await?;
-    let uid = claim.metadata.uid.context("the claim has no uid")?;
-    let device = claim
-        .status
-        .and_then(|s| s.allocation?.devices?.results?.into_iter().next())
-        .map(|r| r.device)
-        .context("the claim is not allocated")?;
-    Ok((uid, device))
-}
-
 /// The plugin pod on `node`: its name and whether its `gpus` container is ready.
 async fn plugin_state(cluster: &RealNodes, node: &str) -> anyhow::Result<(String, bool)> {
     let pod = cluster.plugin_pod(node).await?;
@@ -195,7 +183,7 @@ async fn a_plugin_pod_replaced_under_a_running_claim_keeps_it_and_unprepares_it_
             H100_NODE,
             async {
                 cluster.wait_running(&["held"], Duration::from_secs(120)).await?;
-                let (uid, device) = claimed(&cluster, "held").await?;
+                let (uid, device) = cluster.claimed("held").await?;
                 let exporter = exporter_claim_holding(&cluster, H100_NODE, &device).await?;
                 ensure!(exporter.is_some(), "no admin-access exporter claim holds {device}");
                 cluster.cdi_resolves(H100_NODE, &uid, &device)?;
@@ -303,7 +291,7 @@ async fn a_mig_claim_gets_its_device_its_two_capability_nodes_and_its_parent_gpu
             MIG_NODE,
             async {
                 cluster.wait_running(NAMES, Duration::from_secs(120)).await?;
-                let (uid, device) = claimed(&cluster, "mig-workload").await?;
+                let (uid, device) = cluster.claimed("mig-workload").await?;
                 cluster.cdi_resolves(MIG_NODE, &uid, &device)?;
                 let node = cluster.jsonpath("pod", "mig-workload", Some(WORKLOAD_NS), "{.spec.nodeName}")?;
                 ensure!(node == MIG_NODE, "mig-workload ran on {node}");
@@ -449,7 +437,7 @@ async fn a_plugin_killed_mid_prepare_records_nothing_and_the_kubelets_retry_prep
                 cluster
                     .wait_running(&["mig-first"], Duration::from_secs(120))
                     .await?;
-                Ok(claimed(&cluster, "mig-first").await?.0)
+                Ok(cluster.claimed("mig-first").await?.0)
             },
         )
         .await?;
@@ -465,39 +453,13 @@ async fn a_plugin_killed_mid_prepare_records_nothing_and_the_kubelets_retry_prep
                 if !caps.holding() {
                     return Ok(None);
                 }
-                Ok(Some(claimed(&cluster, "mig-crash").await?.0))
+                Ok(Some(cluster.claimed("mig-crash").await?.0))
             }),
         )
         .await?;
     caps.restore()?;
     let recorded_before_kill = cluster.checkpointed(MIG_NODE, &crashed)?;
-    let container = cluster
-        .plugin_pod(MIG_NODE)
-        .await?
-        .status
-        .and_then(|s| s.container_statuses)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.name == "gpus")
-        .and_then(|c| c.container_id)
-        .context("the plugin's gpus container has no id")?;
-    let ctr = cluster.env.tools_dir.join("ctr").display().to_string();
-    let id = container.trim_start_matches("containerd://");
-    cluster.node_exec(
-        MIG_NODE,
-        &[
-            &ctr,
-            "--address",
-            "/run/containerd/containerd.sock",
-            "-n",
-            "k8s.io",
-            "tasks",
-            "kill",
-            "-s",
-            "SIGKILL",
-            id,
-        ],
-    )?;
+    cluster.kill_plugin(MIG_NODE).await?;
     caps.release();
     let crash_spec = cluster.claim_spec(MIG_NODE, &crashed);
     cluster

@@ -245,8 +245,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (driver, table) = match partitioning {
         Partitioning::Static => (driver, table),
         Partitioning::Dynamic => {
-            let (partitioned, notes) =
-                DeviceTable::partitioned(&inventory, &driver.made_gpu_instances());
+            // The plugin's own instances, those a crash left half made (destroyed below) too.
+            let mut made = driver.made_gpu_instances();
+            for p in &report.unmade_partitions {
+                if let Some(gi) = p.gpu_instance {
+                    made.entry(p.gpu.clone()).or_default().insert(gi);
+                }
+            }
+            let (partitioned, notes) = DeviceTable::partitioned(&inventory, &made);
             let partitioned = DeviceTable {
                 consumable_shares: table.consumable_shares,
                 ..partitioned

@@ -69,6 +69,7 @@ pub(crate) unsafe extern "C" fn nvmlDeviceSetMigMode(
     mode: c_uint,
     activation: *mut nvmlReturn_t,
 ) -> Ret {
+    state::wait_out_stall(Step::SetMigMode);
     if activation.is_null() || mode > NVML_DEVICE_MIG_ENABLE {
         return INVALID;
     }
@@ -116,6 +117,7 @@ fn create_gpu_instance(
     start: Option<u32>,
     instance: *mut nvmlGpuInstance_t,
 ) -> Ret {
+    state::wait_out_stall(Step::CreateGpuInstance);
     if instance.is_null() {
         return INVALID;
     }
@@ -164,6 +166,7 @@ pub(crate) unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
 
 #[unsafe(no_mangle)]
 pub(crate) unsafe extern "C" fn nvmlGpuInstanceDestroy(instance: nvmlGpuInstance_t) -> Ret {
+    state::wait_out_stall(Step::DestroyGpuInstance);
     collapse(state::with_session(|s| {
         let (gpu, id) = {
             let (g, gi) = gpu_instance_of(s, instance)?;
@@ -273,6 +276,7 @@ pub(crate) unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     profile_id: c_uint,
     compute: *mut nvmlComputeInstance_t,
 ) -> Ret {
+    state::wait_out_stall(Step::CreateComputeInstance);
     if compute.is_null() {
         return INVALID;
     }
@@ -292,6 +296,7 @@ pub(crate) unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
 
 #[unsafe(no_mangle)]
 pub(crate) unsafe extern "C" fn nvmlComputeInstanceDestroy(compute: nvmlComputeInstance_t) -> Ret {
+    state::wait_out_stall(Step::DestroyComputeInstance);
     collapse(state::with_session(|s| {
         let (gpu, gi, ci) = compute_instance_of(s, compute)?;
         s.partition(gpu, Step::DestroyComputeInstance, |_, record| {
