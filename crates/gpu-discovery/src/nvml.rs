@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` of the NVML header nvml-wrapper 0.13 is built from.
-const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
+pub(crate) const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
 /// `NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1` and `_2_SLICE_REV1`: the `+me` profiles.
 const MEDIA_EXTENSION_PROFILES: [u32; 2] = [7, 8];
 const MIB: u64 = 1 << 20;

@@ -146,6 +146,25 @@ impl NvmlSession {
             .collect())
     }
 
+    /// Turns MIG off on the GPU with `uuid` if it is on and holds no GPU instance of any profile
+    /// it offers; answers whether it did.
+    pub fn release_mig(&self, uuid: &str) -> Result<bool, NvmlError> {
+        let device = self.device_by_uuid(uuid)?;
+        let mode = device
+            .mig_mode()
+            .map_err(|e| self.err("mig_mode", uuid, e))?;
+        if mode.current != 1 {
+            return Ok(false);
+        }
+        let profiles: Vec<u32> = (0..crate::nvml::GPU_INSTANCE_PROFILE_COUNT)
+            .filter_map(|i| device.profile_info(i).ok().map(|p| p.id))
+            .collect();
+        if !self.gpu_instances(uuid, &profiles)?.is_empty() {
+            return Ok(false);
+        }
+        Ok(self.set_mig(uuid, false)? == MigModeChange::Changed)
+    }
+
     /// The UUID of the MIG device of compute instance `ci` in GPU instance `gi` on the GPU with
     /// `uuid`.
     pub fn mig_device_uuid(&self, uuid: &str, gi: u32, ci: u32) -> Result<String, NvmlError> {

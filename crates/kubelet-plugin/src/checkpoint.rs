@@ -37,8 +37,12 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// Format version written by this build.
-pub const VERSION: u32 = 1;
+/// The newest format this build reads and writes.
+pub const VERSION: u32 = 2;
+/// Format 2 adds [`ClaimEntry::partitions`], which a build of format 1 would ignore and so leave
+/// the claim's MIG partitions behind at unprepare: a file is written in format 2 only while a claim
+/// holds a partition, so a downgrade is refused (with the reason) just where it would leak.
+const PARTITIONS_VERSION: u32 = 2;
 /// File name inside the plugin's data directory.
 pub const FILE_NAME: &str = "checkpoint.json";
 /// Where the kernel publishes this boot's id.
@@ -246,8 +250,13 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// Serialises a checkpoint into its envelope.
 pub fn encode(checkpoint: &Checkpoint) -> Vec<u8> {
     let payload = serde_json::to_string(checkpoint).expect("a checkpoint always serialises");
+    let made_partitions = checkpoint.claims.values().any(|e| !e.partitions.is_empty());
     let envelope = Envelope {
-        version: VERSION,
+        version: if made_partitions {
+            PARTITIONS_VERSION
+        } else {
+            1
+        },
         checksum: sha256_hex(payload.as_bytes()),
         payload: RawValue::from_string(payload).expect("serde_json output is JSON"),
     };
@@ -260,8 +269,8 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
         serde_json::from_slice(bytes).map_err(|e| DecodeError::Envelope(e.to_string()))?;
     match envelope.version {
         v if v > VERSION => return Err(DecodeError::Newer(v)),
-        // Readers of earlier versions go here as the format moves on.
-        VERSION => {}
+        // Format 2 only adds a field, which format 1 files lack.
+        1 | PARTITIONS_VERSION => {}
         v => return Err(DecodeError::Version(v)),
     }
     let computed = sha256_hex(envelope.payload.get().as_bytes());
@@ -596,6 +605,37 @@ mod tests {
         payload["laterField"] = serde_json::json!(true);
         let text = envelope(VERSION, &payload.to_string());
         assert_eq!(decode(text.as_bytes()).unwrap(), sample());
+    }
+
+    #[test]
+    fn a_checkpoint_is_format_2_only_while_a_claim_holds_a_mig_partition() {
+        let version = |cp: &Checkpoint| {
+            let envelope: serde_json::Value = serde_json::from_slice(&encode(cp)).unwrap();
+            envelope["version"].as_u64().unwrap()
+        };
+        let mut cp = sample();
+        assert_eq!(version(&cp), 1, "what builds of format 1 read");
+        cp.claims
+            .get_mut("uid-a")
+            .unwrap()
+            .partitions
+            .push(MadePartition {
+                device: "gpu-0-mig-1g10gb-19-0".into(),
+                gpu: "GPU-0".into(),
+                profile_id: 19,
+                start: 0,
+                size: 1,
+                slices: 1,
+                gpu_instance: Some(7),
+                compute_instance: None,
+                uuid: None,
+            });
+        assert_eq!(version(&cp), 2);
+        assert_eq!(decode(&encode(&cp)).unwrap(), cp);
+        assert_eq!(
+            cp.made_gpu_instances(),
+            BTreeMap::from([("GPU-0".to_owned(), std::collections::BTreeSet::from([7]))])
+        );
     }
 
     #[test]

@@ -204,6 +204,14 @@ pub fn resolve(
                     "MPS sharing is not supported on a device offered as consumable shares (as upstream)"
                         .into(),
                 ));
+            } else if matches!(device.kind, DeviceKind::Partition(_))
+                && decoded.strategy() == Some(opaque::Strategy::Mps)
+            {
+                return Err(bad(
+                    "MPS is not supported on a MIG partition made at prepare (dynamic MIG): \
+                     time-slice it, or partition the GPU beforehand (static MIG) for MPS"
+                        .into(),
+                ));
             } else {
                 decoded.check_supported().map_err(|e| bad(e.to_string()))?;
                 mps_config = decoded.mps().or(mps_config);

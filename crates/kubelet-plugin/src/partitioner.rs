@@ -40,6 +40,8 @@ pub trait Partitioner: Send + Sync + std::fmt::Debug {
         profile_id: u32,
         gi: u32,
     ) -> BoxFuture<'a, Result<(), String>>;
+    /// Turns MIG off on `gpu` if no GPU instance is left on it.
+    fn release<'a>(&'a self, gpu: &'a str) -> BoxFuture<'a, Result<(), String>>;
     /// The GPU instances of `profile_id` at `placement` on `gpu`.
     fn find<'a>(
         &'a self,
@@ -143,6 +145,11 @@ impl Partitioner for Nvml {
         })
     }
 
+    fn release<'a>(&'a self, gpu: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        let gpu = gpu.to_owned();
+        self.run(move |s| s.release_mig(&gpu).map(drop).map_err(|e| e.to_string()))
+    }
+
     fn find<'a>(
         &'a self,
         gpu: &'a str,
@@ -201,6 +208,10 @@ impl Partitioner for Unavailable {
     }
 
     fn destroy<'a>(&'a self, _: &'a str, _: u32, _: u32) -> BoxFuture<'a, Result<(), String>> {
+        self.fail()
+    }
+
+    fn release<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), String>> {
         self.fail()
     }
 

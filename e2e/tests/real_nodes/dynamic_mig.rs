@@ -3,7 +3,8 @@
 //! on that GPU waits, with the scheduler's reason, until both are gone; one GPU class offers whole
 //! cards and partitions; two pods time-slice one partition; the plugin SIGKILLed between making a
 //! GPU instance and its compute instance leaks nothing and the kubelet's retry prepares the claim.
-//! After each, the GPU holds no partition: read from the mock driver's state on the node.
+//! After them the node's GPUs hold no partition and are back to MIG off: read from the mock
+//! driver's state on the node.
 
 use anyhow::{Context, bail, ensure};
 use e2e::eventually;
@@ -63,17 +64,35 @@ fn gpu_instances(cluster: &RealNodes, gpu: &str) -> anyhow::Result<(Vec<(u64, u6
     Ok((found, mig["current"].as_bool().unwrap_or(false)))
 }
 
-/// Waits until GPU `gpu` holds no GPU instance.
-async fn no_partition_left(cluster: &RealNodes, gpu: &str) -> anyhow::Result<()> {
+/// Waits until the H100 node's GPUs hold no GPU instance and are all back to MIG off (a Hopper GPU
+/// changes mode in place, so the plugin leaves it as it found it).
+async fn no_partition_left(cluster: &RealNodes) -> anyhow::Result<()> {
     eventually(
         Duration::from_secs(90),
-        "no partition left on the GPU",
+        "no partition left, MIG off",
         || async {
-            let (left, _) = gpu_instances(cluster, gpu)?;
+            let path = cluster.node_dir(H100_NODE).join("run/mock-nvml/state.json");
+            let state: serde_json::Value = match std::fs::read_to_string(&path) {
+                Ok(text) => serde_json::from_str(&text)?,
+                Err(_) => return Ok(Some(())),
+            };
+            let left: Vec<String> = state
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(_, s)| {
+                    let mig = &s["mig"];
+                    mig["current"].as_bool() == Some(true)
+                        || mig["gpuInstances"]
+                            .as_array()
+                            .is_some_and(|g| !g.is_empty())
+                })
+                .map(|(gpu, s)| format!("{gpu}: {}", s["mig"]))
+                .collect();
             if left.is_empty() {
                 Ok(Some(()))
             } else {
-                bail!("GPU instances left: {left:?}")
+                bail!("left: {left:?}")
             }
         },
     )
@@ -348,7 +367,7 @@ async fn partitions_are_made_for_claims_side_by_side_and_gone_after_them() -> an
         .await?;
     cluster.delete("pod", &["shared-a", "shared-b"])?;
     cluster.delete("resourceclaim", &["shared-1g"])?;
-    no_partition_left(&cluster, &gpu).await?;
+    no_partition_left(&cluster).await?;
 
     // The plugin is SIGKILLed while NVML makes the compute instance of a GPU instance it made.
     set_h100_faults(&cluster, r#"{"mig_stall": "create-compute-instance"}"#)?;
@@ -394,9 +413,9 @@ async fn partitions_are_made_for_claims_side_by_side_and_gone_after_them() -> an
     cluster.delete("pod", &["dyn-crash"])?;
     cluster
         .step(
-            "no partition left on the GPU",
+            "no partition left on the node's GPUs, each back to MIG off",
             H100_NODE,
-            no_partition_left(&cluster, &gpu),
+            no_partition_left(&cluster),
         )
         .await?;
     edit.undo().await

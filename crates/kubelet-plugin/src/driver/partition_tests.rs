@@ -136,22 +136,14 @@ async fn partitions_are_made_at_prepare_side_by_side_and_destroyed_at_unprepare(
 }
 
 #[tokio::test]
-async fn a_whole_card_claim_turns_mig_off_once_the_partitions_are_gone() {
+async fn a_whole_card_claim_turns_mig_off_where_it_was_left_on() {
     let node = Node::new(json!({}));
+    let gpu = node.inventory().gpus[0].uuid.clone();
+    // MIG left on with no instance (by an admin, or a plugin killed before it turned it off).
+    node.session.set_mig(&gpu, true).unwrap();
     let (dir, claims) = setup();
-    claims.put(exclusive("one", "u1", &[ONE]));
     claims.put(exclusive("card", "u2", &["gpu-0"]));
     let (d, _) = node.driver(dir.path(), &claims);
-    d.prepare(vec![cref("one", "u1")]).await["u1"]
-        .as_ref()
-        .unwrap();
-    d.unprepare(vec![cref("one", "u1")]).await["u1"]
-        .as_ref()
-        .unwrap();
-    assert_eq!(
-        node.inventory().gpus[0].mig_mode,
-        gpu_discovery::MigMode::Enabled
-    );
     d.prepare(vec![cref("card", "u2")]).await["u2"]
         .as_ref()
         .unwrap();
@@ -267,4 +259,28 @@ async fn what_a_crash_between_two_steps_left_is_destroyed_at_start_and_the_retry
             .as_ref()
             .unwrap();
     }
+}
+
+#[tokio::test]
+async fn mps_on_a_partition_is_refused_naming_why() {
+    let node = Node::new(json!({}));
+    let (dir, claims) = setup();
+    let config = json!([{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS"}}}}]);
+    claims.put(crate::claim::fixtures::claim(
+        "mps",
+        "u1",
+        &[("gpu", DRIVER, NODE, ONE, false)],
+        config,
+    ));
+    let (d, _) = node.driver(dir.path(), &claims);
+    let err = d.prepare(vec![cref("mps", "u1")]).await["u1"]
+        .clone()
+        .unwrap_err();
+    assert!(
+        err.contains("MPS is not supported on a MIG partition"),
+        "{err}"
+    );
+    assert!(node.instances().is_empty());
 }

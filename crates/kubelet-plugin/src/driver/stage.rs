@@ -329,6 +329,16 @@ impl<C: ClaimSource> Driver<C> {
             }
             self.partitioner.destroy(&p.gpu, p.profile_id, gi).await?;
         }
+        // A GPU that changes MIG mode in place goes back to MIG off with its last partition, as
+        // it was before: so a static plugin, the device plugin or a whole-card claim finds it usable.
+        let in_place = self
+            .table
+            .devices
+            .get(&p.device)
+            .is_some_and(|d| !crate::partitions::mode_change_needs_reset(&d.gpu.architecture));
+        if in_place && let Err(e) = self.partitioner.release(&p.gpu).await {
+            tracing::warn!(gpu = %p.gpu, error = %e, "turning MIG off after the GPU's last partition");
+        }
         Ok(())
     }
 

@@ -521,3 +521,51 @@ fn without_counters_a_partitioned_node_is_published_whole() {
     assert_eq!(whole.devices.keys().collect::<Vec<_>>(), ["gpu-0"]);
     assert!(table.offers_partitions(0) && !whole.offers_partitions(0));
 }
+
+#[test]
+fn a_fault_on_a_gpu_taints_its_card_and_every_partition_of_it_and_the_stream_says_so() {
+    let (_, arch, rows) = models().remove(2);
+    let inventory = gpu_discovery::Inventory {
+        driver_version: "580.95.05".into(),
+        cuda_driver_version: CudaVersion {
+            major: 13,
+            minor: 0,
+        },
+        gpus: (0..2)
+            .map(|i| Gpu {
+                index: i,
+                minor: i,
+                uuid: format!("GPU-{i}"),
+                ..gpu("H100 80GB HBM3", arch, &rows, MigMode::Disabled)
+            })
+            .collect(),
+        unreadable: Vec::new(),
+    };
+    let (table, _) = crate::devices::DeviceTable::partitioned(&inventory, &BTreeMap::new());
+    let view = crate::device_health::HealthView {
+        faults: BTreeMap::from([(
+            "GPU-1".to_owned(),
+            crate::device_health::GpuFault {
+                fault: gpu_discovery::health::Fault::Xid(Some(79)),
+                since: jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+            },
+        )]),
+        unknown: false,
+    };
+    let taints = crate::device_health::device_taints(&table, &view);
+    assert_eq!(taints.len(), 26, "gpu-1 and its 25 partitions");
+    assert!(taints.keys().all(|name| name.starts_with("gpu-1")));
+    let stream = crate::device_health::stream_message(
+        &table,
+        &[],
+        &view,
+        "node-a",
+        jiff::Timestamp::from_second(1_700_000_100).unwrap(),
+    );
+    let unhealthy = stream
+        .devices
+        .iter()
+        .filter(|d| d.health == crate::proto::health_v1alpha1::HealthStatus::Unhealthy as i32)
+        .count();
+    assert_eq!((stream.devices.len(), unhealthy), (52, 26));
+}
