@@ -8,7 +8,9 @@
 
 use anyhow::{Context, bail, ensure};
 use e2e::eventually;
-use e2e::real_nodes::{GuidePod, H100_NODE, RealNodes, WORKLOAD_NS, mock_fault_env, resource_pod};
+use e2e::real_nodes::{
+    GuidePod, H100_NODE, RealNodes, WORKLOAD_NS, claim_pod, mock_fault_env, resource_pod,
+};
 use std::time::Duration;
 
 /// What a partition's workload prints: the MIG device CDI gave it, its capability nodes.
@@ -176,25 +178,7 @@ spec:
         parameters: {{apiVersion: resource.nvidia.com/v1beta1, kind: MigDeviceConfig, sharing: {{strategy: TimeSlicing}}}}
 "#
     );
-    let pod = |name: &str| {
-        format!(
-            r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: {WORKLOAD_NS}}}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  nodeSelector: {{kubernetes.io/hostname: {H100_NODE}}}
-  resourceClaims: [{{name: gpu, resourceClaimName: shared-1g}}]
-  containers:
-  - name: workload
-    image: {image}
-    command: ["sh", "-c", {SHOW_MIG:?}]
-    resources: {{claims: [{{name: gpu}}]}}
-"#,
-            image = e2e::real_nodes::WORKLOAD_IMAGE
-        )
-    };
+    let pod = |name: &str| claim_pod(name, H100_NODE, "shared-1g", &[("workload", SHOW_MIG)]);
     format!("{claim}---\n{}---\n{}", pod("shared-a"), pod("shared-b"))
 }
 

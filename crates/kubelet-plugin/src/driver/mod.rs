@@ -88,6 +88,9 @@ pub struct Driver<C> {
     daemons: Arc<dyn MpsDaemons>,
     /// Makes and destroys MIG partitions (dynamic MIG).
     partitioner: Arc<dyn Partitioner>,
+    /// One lock per GPU (by UUID) taken while its MIG mode may change: turning MIG on and making a
+    /// GPU instance, destroying one and turning MIG off when it was the last, never interleave.
+    mig_locks: std::sync::Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl<C: ClaimSource> Driver<C> {
@@ -149,6 +152,7 @@ impl<C: ClaimSource> Driver<C> {
             partitioner: Arc::new(crate::partitioner::Unavailable(
                 "this plugin was started without a way to make MIG partitions".into(),
             )),
+            mig_locks: Default::default(),
         };
         Ok((driver, report))
     }

@@ -156,6 +156,8 @@ impl<C: ClaimSource> Driver<C> {
         }
 
         for gpu in &mig_off {
+            let mode = self.mig_lock(gpu);
+            let _mode = mode.lock().await;
             if let Err(reason) = self.partitioner.set_mig(gpu, false).await {
                 self.abandon(claim).await;
                 return Err(ClaimFailure::Partition {
@@ -242,12 +244,15 @@ impl<C: ClaimSource> Driver<C> {
                 reason,
             };
             let gpu = device.gpu.gpu_uuid.clone();
+            let mode = self.mig_lock(&gpu);
+            let held = mode.lock().await;
             self.partitioner.set_mig(&gpu, true).await.map_err(fail)?;
             let gi = self
                 .partitioner
                 .create_gpu_instance(&gpu, p.profile.id, p.placement)
                 .await
                 .map_err(fail)?;
+            drop(held);
             self.record(claim, &name, |m| m.gpu_instance = Some(gi))
                 .await?;
             let ci = self
@@ -270,6 +275,15 @@ impl<C: ClaimSource> Driver<C> {
             device.kind = DeviceKind::Mig(made);
         }
         Ok(())
+    }
+
+    /// The lock of `gpu`'s MIG mode (see [`Driver::mig_locks`]).
+    fn mig_lock(&self, gpu: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .mig_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::sync::Arc::clone(locks.entry(gpu.to_owned()).or_default())
     }
 
     fn partition_of<'s>(
@@ -322,6 +336,8 @@ impl<C: ClaimSource> Driver<C> {
                     .await?
             }
         };
+        let mode = self.mig_lock(&p.gpu);
+        let _mode = mode.lock().await;
         let kept = held.get(&p.gpu);
         for gi in instances {
             if p.gpu_instance.is_none() && kept.is_some_and(|k| k.contains(&gi)) {

@@ -368,11 +368,8 @@ fn the_mode_is_named_static_or_dynamic() {
     );
 }
 
-/// An H100 node of `gpus` GPUs in dynamic mode, as its slices publish it.
-fn published(
-    gpus: u32,
-    shares: &[crate::devices::Share],
-) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
+/// The device table of a node of `gpus` H100s (MIG off) in dynamic mode.
+fn h100_table(gpus: u32) -> crate::devices::DeviceTable {
     let (_, arch, rows) = models().remove(2);
     let inventory = gpu_discovery::Inventory {
         driver_version: "580.95.05".into(),
@@ -392,6 +389,15 @@ fn published(
     };
     let (table, notes) = crate::devices::DeviceTable::partitioned(&inventory, &BTreeMap::new());
     assert!(notes.is_empty(), "{notes:?}");
+    table
+}
+
+/// An H100 node of `gpus` GPUs in dynamic mode, as its slices publish it.
+fn published(
+    gpus: u32,
+    shares: &[crate::devices::Share],
+) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
+    let table = h100_table(gpus);
     let node = crate::slices::NodeRef {
         name: "node-a".into(),
         uid: "uid".into(),
@@ -506,17 +512,7 @@ fn shares_of_a_partitioned_gpu_draw_on_its_card_and_every_slice() {
 
 #[test]
 fn without_counters_a_partitioned_node_is_published_whole() {
-    let (_, arch, rows) = models().remove(2);
-    let inventory = gpu_discovery::Inventory {
-        driver_version: "580.95.05".into(),
-        cuda_driver_version: CudaVersion {
-            major: 13,
-            minor: 0,
-        },
-        gpus: vec![gpu("H100 80GB HBM3", arch, &rows, MigMode::Disabled)],
-        unreadable: Vec::new(),
-    };
-    let (table, _) = crate::devices::DeviceTable::partitioned(&inventory, &BTreeMap::new());
+    let table = h100_table(1);
     let whole = table.without_partitions();
     assert_eq!(whole.devices.keys().collect::<Vec<_>>(), ["gpu-0"]);
     assert!(table.offers_partitions(0) && !whole.offers_partitions(0));
@@ -524,24 +520,7 @@ fn without_counters_a_partitioned_node_is_published_whole() {
 
 #[test]
 fn a_fault_on_a_gpu_taints_its_card_and_every_partition_of_it_and_the_stream_says_so() {
-    let (_, arch, rows) = models().remove(2);
-    let inventory = gpu_discovery::Inventory {
-        driver_version: "580.95.05".into(),
-        cuda_driver_version: CudaVersion {
-            major: 13,
-            minor: 0,
-        },
-        gpus: (0..2)
-            .map(|i| Gpu {
-                index: i,
-                minor: i,
-                uuid: format!("GPU-{i}"),
-                ..gpu("H100 80GB HBM3", arch, &rows, MigMode::Disabled)
-            })
-            .collect(),
-        unreadable: Vec::new(),
-    };
-    let (table, _) = crate::devices::DeviceTable::partitioned(&inventory, &BTreeMap::new());
+    let table = h100_table(2);
     let view = crate::device_health::HealthView {
         faults: BTreeMap::from([(
             "GPU-1".to_owned(),
