@@ -15,7 +15,7 @@ export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 TEST_TARGETS :=
 -include hack/*.mk
 
-.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-health bench-time-to-gpu dist test-dist demo help
+.PHONY: bootstrap build test lint fmt generate test-rust test-e2e bench-scale bench-requests bench-prepare bench-mig bench-health bench-time-to-gpu dist test-dist demo help
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -71,6 +71,9 @@ bench-requests: hack-tools ## API requests of the slice publisher and the operat
 
 bench-prepare: hack-tools ## Prepare/unprepare as the kubelet times them, one at a time and in bursts (UPSTREAM_PLUGIN for a side-by-side run; not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-prepare.sh
+
+bench-mig: hack-tools ## Prepare/unprepare of a MIG claim, static beside dynamic (made at prepare), as the kubelet times them (not part of make test)
+	CACHE_DIR=$(CACHE_DIR) hack/bench-mig.sh
 
 bench-health: hack-tools ## NVML fault to device taint latency, and API writes of a healthy node over 5 idle minutes (not part of make test)
 	CACHE_DIR=$(CACHE_DIR) hack/bench-health.sh

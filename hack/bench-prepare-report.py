@@ -3,6 +3,8 @@
 
   count FILE METHOD   calls of METHOD (NodePrepareResources, ...) in a scrape of the mini-kubelet's
                       DRA gRPC histogram
+  quantiles BEFORE AFTER METHOD   p50 and p99 (ms) and the number of METHOD's calls between two
+                      scrapes (hack/bench-mig.sh)
   report --work DIR ...  the Markdown report, from the scrapes, strace, dd and curl files in DIR
 """
 import argparse
@@ -203,6 +205,11 @@ def report(args):
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "count":
         print(int(histogram(sys.argv[2], sys.argv[3])[1]))
+        return
+    if len(sys.argv) == 5 and sys.argv[1] == "quantiles":
+        buckets, calls = delta(sys.argv[2], sys.argv[3], sys.argv[4])
+        p50, p99 = (quantile(buckets, q) * 1000 for q in (0.5, 0.99))
+        print(f"{p50:.2f} {p99:.2f} {int(calls)}")
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["report"])

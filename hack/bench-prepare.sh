@@ -27,6 +27,8 @@ UPSTREAM="${UPSTREAM_PLUGIN:-}"
 RELEASE="$CARGO_TARGET_DIR/release"
 PLUGIN_METRICS_PORT=$((PORT_BASE + 700))
 REPORT=(python3 "$REPO_DIR/hack/bench-prepare-report.py")
+# shellcheck source=hack/bench-cycle.sh
+. "$REPO_DIR/hack/bench-cycle.sh"
 
 missing=()
 for tool in strace curl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
@@ -63,9 +65,6 @@ start_upstream() { # node dir
   hack/bench-upstream-plugin "$UPSTREAM" "$1" "$2" "$k" >>"$2/plugin.log" 2>&1 &
   PIDS[$1]=$!
 }
-devices() { kubectl get resourceslices --field-selector "spec.nodeName=$1" -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{end}' | wc -w; }
-published() { (($(devices "$1") == $2)); }
-wait_for() { local n="$1"; shift; for _ in $(seq "$((n * 5))"); do "$@" && return 0; sleep 0.2; done; echo "bench-prepare: timed out: $*" >&2; return 1; }
 rss() { awk -v k="$2:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
 
 kubectl apply -f crates/kubelet-plugin/tests/cluster/one-gpu.yaml >/dev/null
@@ -124,44 +123,6 @@ sleep 20
 cpu "${PIDS[gpu-node-0]}" >"$WORK/ours-idle.cpu.after"
 for p in "${PLUGINS[@]}"; do IDLE32[$p]="$(rss "${PIDS[${NODE_OF[$p]}]}" VmRSS)"; done
 
-scrape() { # node file
-  curl -sf "http://$(cat "$NODES_DIR/$1/kubelet/metrics-addr")/metrics" | grep '^kubelet_dra_grpc_operations_duration_seconds\|^dra_grpc_operations_duration_seconds' >"$2" || true
-}
-calls() { "${REPORT[@]}" count "$1" "$2"; } # node-scrape method
-pods() { # node phase count: that many pods with a 1-GPU claim, in one apply
-  for ((i = 0; i < $3; i++)); do
-    cat <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $2-$i, namespace: default, labels: {bench: $2}}
-spec:
-  nodeSelector: {kubernetes.io/hostname: $1}
-  containers:
-  - {name: main, image: busybox, resources: {claims: [{name: gpu}]}}
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: one-gpu}
----
-YAML
-  done | kubectl apply -f - >/dev/null
-}
-# cycle NODE PHASE COUNT: create COUNT pods at once, wait until the kubelet prepared them all, delete
-# them and wait until it unprepared them all.
-cycle() {
-  local node="$1" phase="$2" count="$3" before="$WORK/cycle.prom"
-  scrape "$node" "$before"
-  local prepared unprepared
-  prepared="$(calls "$before" NodePrepareResources)" unprepared="$(calls "$before" NodeUnprepareResources)"
-  pods "$node" "$phase" "$count"
-  # kubectl wait's own start-up (about 0.2 s of CPU) would compete with the prepares it waits for.
-  sleep 1
-  kubectl wait pods -l "bench=$phase" --timeout=120s \
-    --for=jsonpath='{.metadata.annotations.minikubelet\.gpu-operator-rs\.dev/prepared}'=true >/dev/null
-  kubectl delete pods -l "bench=$phase" --wait=true --timeout=120s >/dev/null
-  done_unpreparing() { scrape "$node" "$before" && (($(calls "$before" NodeUnprepareResources) >= unprepared + count)); }
-  wait_for 60 done_unpreparing
-  (($(calls "$before" NodePrepareResources) == prepared + count)) ||
-    echo "bench-prepare: $phase on $node: $(($(calls "$before" NodePrepareResources) - prepared)) prepares for $count pods" >&2
-}
 # phase NAME COUNT ROUNDS: ROUNDS cycles of COUNT pods on every plugin, interleaved.
 phase() {
   local p round

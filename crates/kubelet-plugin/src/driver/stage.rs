@@ -407,15 +407,8 @@ impl<C: ClaimSource> Driver<C> {
                 .map(|entry| entry.partitions.clone())
                 .unwrap_or_default()
         });
+        let (held, _) = self.ledger.read(|cp| cp.made_gpu_instances());
         for p in &made {
-            let (held, _) = self.ledger.read(|cp| {
-                let mut held = cp.made_gpu_instances();
-                // This claim's own instances are the ones to destroy.
-                if let (Some(gi), Some(mine)) = (p.gpu_instance, held.get_mut(&p.gpu)) {
-                    mine.remove(&gi);
-                }
-                held
-            });
             self.destroy_partition(p, &held)
                 .await
                 .map_err(|reason| ClaimFailure::Partition {
