@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by hack/bench-prepare.sh and hack/bench-mig.sh: pods with a claim created and deleted on a
 # node of a local cluster, timed by the node's mini-kubelet (its DRA gRPC histogram). The caller sets
 # WORK (scratch folder), NODES_DIR (the cluster's nodes) and REPORT (hack/bench-prepare-report.py);

@@ -116,38 +116,6 @@ impl DeviceTable {
             .any(|d| d.gpu.minor == minor && matches!(d.kind, DeviceKind::Partition(_)))
     }
 
-    /// The devices of an inventory in dynamic MIG mode ([`crate::partitions::offer`]), given the
-    /// GPU instances the plugin made for prepared claims (`made`, by GPU UUID); with why a GPU
-    /// offers fewer partitions than it supports, where it does.
-    pub fn partitioned(
-        inventory: &Inventory,
-        made: &BTreeMap<String, std::collections::BTreeSet<u32>>,
-    ) -> (Self, Vec<String>) {
-        let none = std::collections::BTreeSet::new();
-        let mut notes = Vec::new();
-        let mut devices = BTreeMap::new();
-        for gpu in &inventory.gpus {
-            let offer = crate::partitions::offer(gpu, made.get(&gpu.uuid).unwrap_or(&none));
-            notes.extend(offer.note);
-            for d in offer
-                .whole
-                .into_iter()
-                .chain(offer.partitions)
-                .chain(offer.existing)
-            {
-                devices.insert(d.name.clone(), d);
-            }
-        }
-        let table = Self {
-            devices,
-            ..Self::from_inventory(&Inventory {
-                gpus: Vec::new(),
-                ..inventory.clone()
-            })
-        };
-        (table, notes)
-    }
-
     /// The devices of an inventory: each GPU whole, or its MIG devices when MIG is on.
     pub fn from_inventory(inventory: &Inventory) -> Self {
         let devices = inventory

@@ -9,10 +9,12 @@
 
 use crate::profile::{GiProfile, MigSupport};
 use crate::settings::{GpuInstanceRecord, MigRecord};
-use crate::state::Ret;
 use crate::topology::compute_profile_slices;
 use nvml_wrapper_sys::bindings::*;
 use serde::Deserialize;
+
+/// An NVML return code.
+type Ret = nvmlReturn_t;
 
 /// A step of partitioning a fault can be injected into: it then fails with
 /// `NVML_ERROR_UNKNOWN` and changes nothing.

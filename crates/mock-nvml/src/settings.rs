@@ -98,8 +98,8 @@ impl Store {
 
     /// What tells the file's content from the one last read (`None` in memory or while there is
     /// no file).
-    pub fn stamp(&self) -> Option<crate::state::Stamp> {
-        self.file.as_deref().and_then(crate::state::stamp)
+    pub fn stamp(&self) -> Option<Stamp> {
+        self.file.as_deref().and_then(stamp)
     }
 
     /// `$MOCK_NVML_STATE`, else the settings file of the install `library` belongs to.
@@ -144,6 +144,17 @@ impl Store {
             StoreError::NoPermission
         })
     }
+}
+
+/// What tells a changed file (the control file, the settings file) from the one last read (an
+/// atomic replace changes the inode).
+pub type Stamp = (std::time::SystemTime, u64, u64);
+
+/// The stamp of `path`; `None` while it does not exist.
+pub fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len(), meta.ino()))
 }
 
 /// The settings file of the install whose library folder is `dir`.

@@ -5,13 +5,13 @@ use crate::config::{self, Config, EccKind, Faults, InitFault};
 use crate::handles::Handle;
 use crate::partitioning::Step;
 use crate::profile::{self, MigSupport};
-use crate::settings::{MigRecord, Store};
+use crate::settings::{MigRecord, Stamp, Store, stamp};
 use crate::topology::{Gpu, MigDevice, Topology};
 use nvml_wrapper_sys::bindings::*;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// An NVML return code.
 pub type Ret = nvmlReturn_t;
@@ -289,16 +289,6 @@ fn mapping_path(line: &str, address: usize) -> Option<PathBuf> {
     let end = usize::from_str_radix(end, 16).ok()?;
     let path = fields.nth(4)?;
     (start <= address && address < end && path.starts_with('/')).then(|| PathBuf::from(path))
-}
-
-/// What tells a changed control file from the one last read (an atomic replace changes the inode).
-pub type Stamp = (SystemTime, u64, u64);
-
-/// The stamp of `path`; `None` while it does not exist.
-pub fn stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len(), meta.ino()))
 }
 
 impl Session {

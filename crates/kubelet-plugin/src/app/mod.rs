@@ -252,7 +252,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     made.entry(p.gpu.clone()).or_default().insert(gi);
                 }
             }
-            let (partitioned, notes) = DeviceTable::partitioned(&inventory, &made);
+            let (partitioned, notes) = crate::partitions::table(&inventory, &made);
             let partitioned = DeviceTable {
                 consumable_shares: table.consumable_shares,
                 ..partitioned

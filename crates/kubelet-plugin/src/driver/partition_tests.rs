@@ -79,7 +79,7 @@ impl Node {
             CheckpointStore::new(&dir.join("plugin"), "boot-1"),
         )
         .unwrap();
-        let (table, _) = DeviceTable::partitioned(&self.inventory(), &driver.made_gpu_instances());
+        let (table, _) = crate::partitions::table(&self.inventory(), &driver.made_gpu_instances());
         let partitioner: Arc<dyn Partitioner> = Arc::new(Nvml(Arc::clone(&self.session)));
         (
             driver.with_table(table).with_partitioner(partitioner),

@@ -13,8 +13,8 @@
 //!
 //! Pure functions of the inventory; [`crate::slices`] publishes what they decide.
 
-use crate::devices::{NodeDevice, Partition, profile_slug};
-use gpu_discovery::{Gpu, MigMode, MigPlacement};
+use crate::devices::{DeviceTable, NodeDevice, Partition, profile_slug};
+use gpu_discovery::{Gpu, Inventory, MigMode, MigPlacement};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// How MIG devices come to be on the node's GPUs.
@@ -130,6 +130,38 @@ pub fn offer(gpu: &Gpu, made: &BTreeSet<u32>) -> GpuOffer {
             .collect(),
         note,
     }
+}
+
+/// The devices of an inventory in dynamic MIG mode ([`offer`] for each GPU), given the GPU
+/// instances the plugin made for prepared claims (`made`, by GPU UUID); with why a GPU offers fewer
+/// partitions than it supports, where it does.
+pub fn table(
+    inventory: &Inventory,
+    made: &BTreeMap<String, BTreeSet<u32>>,
+) -> (DeviceTable, Vec<String>) {
+    let none = BTreeSet::new();
+    let mut notes = Vec::new();
+    let mut devices = BTreeMap::new();
+    for gpu in &inventory.gpus {
+        let offer = offer(gpu, made.get(&gpu.uuid).unwrap_or(&none));
+        notes.extend(offer.note);
+        for d in offer
+            .whole
+            .into_iter()
+            .chain(offer.partitions)
+            .chain(offer.existing)
+        {
+            devices.insert(d.name.clone(), d);
+        }
+    }
+    let table = DeviceTable {
+        devices,
+        ..DeviceTable::from_inventory(&Inventory {
+            gpus: Vec::new(),
+            ..inventory.clone()
+        })
+    };
+    (table, notes)
 }
 
 /// Prefix of a memory-slice counter.

@@ -387,7 +387,7 @@ fn h100_table(gpus: u32) -> crate::devices::DeviceTable {
             .collect(),
         unreadable: Vec::new(),
     };
-    let (table, notes) = crate::devices::DeviceTable::partitioned(&inventory, &BTreeMap::new());
+    let (table, notes) = crate::partitions::table(&inventory, &BTreeMap::new());
     assert!(notes.is_empty(), "{notes:?}");
     table
 }
