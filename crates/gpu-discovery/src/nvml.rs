@@ -60,6 +60,18 @@ pub enum NvmlError {
         /// The library path.
         library: PathBuf,
     },
+    /// The GPU has no room for the MIG instance asked for (`NVML_ERROR_INSUFFICIENT_RESOURCES`).
+    #[error(
+        "NVML from {library}: {call} on {device}: no room on the GPU (NVML_ERROR_INSUFFICIENT_RESOURCES: the placement is taken or the profile's instances are all in use)"
+    )]
+    NoRoom {
+        /// The library path.
+        library: PathBuf,
+        /// The call.
+        call: &'static str,
+        /// The GPU.
+        device: String,
+    },
     /// A GPU has fallen off the bus.
     #[error("NVML from {library}: GPU {device} is lost (NVML_ERROR_GPU_IS_LOST)")]
     GpuLost {
@@ -405,6 +417,12 @@ impl NvmlSession {
             RawError::DriverNotLoaded => NvmlError::DriverNotLoaded { library },
             RawError::LibRmVersionMismatch => NvmlError::VersionMismatch { library },
             RawError::NoPermission => NvmlError::NoPermission { library },
+            // nvml-wrapper 0.13 has no variant for NVML_ERROR_INSUFFICIENT_RESOURCES (23).
+            RawError::UnexpectedVariant(23) => NvmlError::NoRoom {
+                library,
+                call,
+                device: device.to_owned(),
+            },
             source => NvmlError::Call {
                 library,
                 call,

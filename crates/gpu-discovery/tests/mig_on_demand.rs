@@ -62,8 +62,8 @@ fn partitions_made_by_one_session_are_what_the_next_one_discovers_until_destroye
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("create_gpu_instance") && err.contains(&gpu),
-            "an occupied placement names the call and the GPU: {err}"
+            err.contains("create_gpu_instance") && err.contains(&gpu) && err.contains("no room"),
+            "an occupied placement names the call, the GPU and why: {err}"
         );
         let uuids = [
             s.mig_device_uuid(&gpu, three.0, three.1).unwrap(),

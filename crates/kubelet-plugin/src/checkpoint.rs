@@ -450,6 +450,7 @@ mod tests {
             cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim=uid-{name}")],
             admin_access: admin,
             share_id: None,
+            made_uuid: None,
         }
     }
 

@@ -29,8 +29,14 @@ pub fn device_status(
 ) -> Value {
     let mut data = serde_json::Map::new();
     if let Some(d) = table.devices.get(card_of(&device.device)) {
-        if !d.uuid.is_empty() {
-            data.insert("uuid".into(), json!(d.uuid));
+        match &device.made_uuid {
+            Some(made) => {
+                data.insert("uuid".into(), json!(made));
+            }
+            None if !d.uuid.is_empty() => {
+                data.insert("uuid".into(), json!(d.uuid));
+            }
+            None => {}
         }
         data.insert("productName".into(), json!(d.gpu.product_name));
         match &d.kind {
@@ -237,6 +243,7 @@ mod tests {
             cdi_device_ids: vec![],
             admin_access: false,
             share_id: share.map(str::to_owned),
+            made_uuid: None,
         }
     }
 
@@ -280,6 +287,57 @@ mod tests {
                 &json!("GPU-1"),
                 &json!("1g.5gb"),
                 &json!("4864Mi")
+            )
+        );
+    }
+
+    #[test]
+    fn a_partition_made_at_prepare_shows_the_uuid_it_was_made_with() {
+        let mut table = table(2);
+        let mut partition = crate::testutil::gpu(1);
+        partition.name = "gpu-1-mig-1g10gb-19-0".into();
+        partition.uuid = String::new();
+        partition.kind = DeviceKind::Partition(crate::devices::Partition {
+            profile: gpu_discovery::MigProfile {
+                index: 0,
+                id: 19,
+                name: "1g.10gb".into(),
+                slices: 1,
+                instances: 7,
+                memory_bytes: 9984 << 20,
+                multiprocessors: 16,
+                copy_engines: 1,
+                decoders: 1,
+                encoders: 0,
+                jpeg_engines: 1,
+                ofa_engines: 0,
+                placements: Vec::new(),
+            },
+            placement: gpu_discovery::MigPlacement { start: 0, size: 1 },
+        });
+        table.devices.insert(partition.name.clone(), partition);
+        let mut made = prepared("gpu-1-mig-1g10gb-19-0", None);
+        made.made_uuid = Some("MIG-made".into());
+        let entry = device_status(
+            "gpu.nvidia.com",
+            &made,
+            &table,
+            "node-a",
+            "2026-12-07T20:00:00Z",
+        );
+        let data = &entry["data"];
+        assert_eq!(
+            (
+                &data["uuid"],
+                &data["parentUUID"],
+                &data["migProfile"],
+                &data["memory"]
+            ),
+            (
+                &json!("MIG-made"),
+                &json!("GPU-1"),
+                &json!("1g.10gb"),
+                &json!("9984Mi")
             )
         );
     }

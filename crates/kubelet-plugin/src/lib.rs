@@ -29,6 +29,7 @@ pub mod driver;
 pub mod driver_tools;
 pub mod grpc;
 pub mod grpc_uds;
+pub mod keyed_locks;
 pub mod ledger;
 pub mod liveness;
 pub mod metrics;

@@ -50,6 +50,9 @@ pub struct PreparedDevice {
     /// The share of a device many claims hold, as the allocation names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
+    /// The UUID of a device made for the claim at prepare (a MIG partition, `MIG-...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_uuid: Option<String>,
 }
 
 /// Per-claim answers to a prepare call, keyed by claim UID; `Err` carries the message for the

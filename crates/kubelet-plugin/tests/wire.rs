@@ -31,6 +31,7 @@ impl DraBackend for Echo {
                         cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={}-gpu-0", c.uid)],
                         admin_access: false,
                         share_id: Some(format!("share-{}", c.uid)),
+                        made_uuid: None,
                     }])
                 } else {
                     Err(format!("claim {}: refused", c.name))

@@ -239,7 +239,7 @@ async fn partitions_are_made_for_claims_side_by_side_and_gone_after_them() -> an
     cluster.apply(&partition_pod("dyn-3g", "3g.40gb", &gpu))?;
     let made = cluster
         .step(
-            "a 1g.10gb and a 3g.40gb claim on one H100 run side by side, each container with its own MIG device and its 2 capability nodes",
+            "a 1g.10gb and a 3g.40gb claim on one H100 run side by side, each container with its own MIG device and its 2 capability nodes; the claim's status names the MIG device made",
             H100_NODE,
             async {
                 cluster.wait_running(&["dyn-1g", "dyn-3g"], Duration::from_secs(120)).await?;
@@ -248,6 +248,19 @@ async fn partitions_are_made_for_claims_side_by_side_and_gone_after_them() -> an
                 ensure!(
                     one.len() == 1 && three.len() == 1 && one != three && one_caps == 2 && three_caps == 2,
                     "dyn-1g saw {one:?} ({one_caps} caps), dyn-3g saw {three:?} ({three_caps} caps)"
+                );
+                let status = eventually(Duration::from_secs(30), "dyn-3g's claim status", || async {
+                    let claim = cluster.claim_of("dyn-3g").await?;
+                    let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+                    Ok(devices
+                        .first()
+                        .and_then(|d| d.data.as_ref())
+                        .and_then(|d| d.0.get("uuid")?.as_str().map(str::to_owned)))
+                })
+                .await?;
+                ensure!(
+                    status == three[0],
+                    "kubectl shows dyn-3g's claim on {status}, its container got {three:?}"
                 );
                 let (instances, on) = gpu_instances(&cluster, &gpu)?;
                 ensure!(

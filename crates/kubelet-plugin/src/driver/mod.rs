@@ -90,7 +90,10 @@ pub struct Driver<C> {
     partitioner: Arc<dyn Partitioner>,
     /// One lock per GPU (by UUID) taken while its MIG mode may change: turning MIG on and making a
     /// GPU instance, destroying one and turning MIG off when it was the last, never interleave.
-    mig_locks: std::sync::Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    mig_locks: crate::keyed_locks::KeyedLocks,
+    /// One lock per claim (by UID) held while it is staged: the kubelet prepares a claim two pods
+    /// share for each pod, at once, and a partition must be made once.
+    claim_locks: crate::keyed_locks::KeyedLocks,
 }
 
 impl<C: ClaimSource> Driver<C> {
@@ -153,6 +156,7 @@ impl<C: ClaimSource> Driver<C> {
                 "this plugin was started without a way to make MIG partitions".into(),
             )),
             mig_locks: Default::default(),
+            claim_locks: Default::default(),
         };
         Ok((driver, report))
     }

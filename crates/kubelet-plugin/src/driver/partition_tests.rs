@@ -110,6 +110,11 @@ async fn partitions_are_made_at_prepare_side_by_side_and_destroyed_at_unprepare(
     let migs = node.inventory().gpus[0].mig_devices.clone();
     let three = migs.iter().find(|m| m.placement_start == 4).unwrap();
     let one = migs.iter().find(|m| m.placement_start == 0).unwrap();
+    assert_eq!(
+        answers["u3"].as_ref().unwrap()[0].made_uuid.as_deref(),
+        Some(three.uuid.as_str()),
+        "the answer names the MIG device made"
+    );
     let spec_three = spec(dir.path(), "u3");
     assert!(
         spec_three.contains(&three.uuid) && !spec_three.contains(&one.uuid),
@@ -124,6 +129,12 @@ async fn partitions_are_made_at_prepare_side_by_side_and_destroyed_at_unprepare(
     drop(d);
     let (d, report) = node.driver(dir.path(), &claims);
     assert_eq!(report.restored, 2);
+    let again = d.prepare(vec![cref("three", "u3")]).await;
+    assert_eq!(
+        again["u3"].as_ref().unwrap()[0].made_uuid.as_deref(),
+        Some(three.uuid.as_str()),
+        "the checkpoint keeps it"
+    );
     assert!(matches!(
         d.devices().devices[THREE].kind,
         crate::devices::DeviceKind::Partition(_)
@@ -283,5 +294,25 @@ async fn mps_on_a_partition_is_refused_naming_why() {
         err.contains("MPS is not supported on a MIG partition"),
         "{err}"
     );
+    assert!(node.instances().is_empty());
+}
+
+#[tokio::test]
+async fn a_claim_two_pods_share_is_prepared_for_both_at_once_and_made_once() {
+    let node = Node::new(json!({}));
+    let (dir, claims) = setup();
+    claims.put(exclusive("shared", "u1", &[ONE]));
+    let (d, _) = node.driver(dir.path(), &claims);
+    // The kubelet prepares the claim for each pod, concurrently.
+    let (a, b) = tokio::join!(
+        d.prepare(vec![cref("shared", "u1")]),
+        d.prepare(vec![cref("shared", "u1")])
+    );
+    assert!(a["u1"].is_ok() && b["u1"].is_ok(), "{a:?} {b:?}");
+    assert_eq!(a, b);
+    assert_eq!(node.instances(), vec![(19, 0)], "one partition made");
+    d.unprepare(vec![cref("shared", "u1")]).await["u1"]
+        .as_ref()
+        .unwrap();
     assert!(node.instances().is_empty());
 }

@@ -48,6 +48,7 @@ impl<C: ClaimSource> Driver<C> {
         &self,
         claim: &ClaimRef,
     ) -> Result<Staged<Vec<PreparedDevice>>, ClaimFailure> {
+        let _claim = self.claim_locks.lock(&claim.uid).await;
         if let (Some(answer), version) = self.ledger.read(|cp| Self::completed(cp, &claim.uid)) {
             return Ok(Staged {
                 answer,
@@ -75,7 +76,7 @@ impl<C: ClaimSource> Driver<C> {
             .filter(|d| self.table.offers_partitions(d.gpu.minor))
             .map(|d| d.gpu.gpu_uuid.clone())
             .collect();
-        let prepared: Vec<PreparedDevice> = allocated
+        let mut prepared: Vec<PreparedDevice> = allocated
             .iter()
             .map(|a| PreparedDevice {
                 request_names: vec![a.request.clone()],
@@ -84,6 +85,7 @@ impl<C: ClaimSource> Driver<C> {
                 cdi_device_ids: vec![cdi::device_id(&claim.uid, &a.device)],
                 admin_access: a.admin_access,
                 share_id: a.share_id.clone(),
+                made_uuid: None,
             })
             .collect();
 
@@ -156,8 +158,7 @@ impl<C: ClaimSource> Driver<C> {
         }
 
         for gpu in &mig_off {
-            let mode = self.mig_lock(gpu);
-            let _mode = mode.lock().await;
+            let _mode = self.mig_locks.lock(gpu).await;
             if let Err(reason) = self.partitioner.set_mig(gpu, false).await {
                 self.abandon(claim).await;
                 return Err(ClaimFailure::Partition {
@@ -169,6 +170,13 @@ impl<C: ClaimSource> Driver<C> {
         if let Err(e) = self.make_partitions(claim, &mut devices).await {
             self.abandon(claim).await;
             return Err(e);
+        }
+        // What was made is answered and recorded with its UUID (the claim's status shows it).
+        for p in &partitions {
+            let made = devices.iter().find(|d| d.name == p.device);
+            for d in prepared.iter_mut().filter(|d| d.device == p.device) {
+                d.made_uuid = made.map(|m| m.uuid.clone());
+            }
         }
 
         let cdi = self.cdi.clone();
@@ -186,6 +194,7 @@ impl<C: ClaimSource> Driver<C> {
         let (still_there, version) = self.ledger.change(|state| {
             state.claims.get_mut(&claim.uid).map(|entry| {
                 entry.state = ClaimState::PrepareCompleted;
+                entry.devices.clone_from(&prepared);
             })
         });
         if still_there.is_none() {
@@ -244,8 +253,7 @@ impl<C: ClaimSource> Driver<C> {
                 reason,
             };
             let gpu = device.gpu.gpu_uuid.clone();
-            let mode = self.mig_lock(&gpu);
-            let held = mode.lock().await;
+            let held = self.mig_locks.lock(&gpu).await;
             self.partitioner.set_mig(&gpu, true).await.map_err(fail)?;
             let gi = self
                 .partitioner
@@ -275,15 +283,6 @@ impl<C: ClaimSource> Driver<C> {
             device.kind = DeviceKind::Mig(made);
         }
         Ok(())
-    }
-
-    /// The lock of `gpu`'s MIG mode (see [`Driver::mig_locks`]).
-    fn mig_lock(&self, gpu: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .mig_locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        std::sync::Arc::clone(locks.entry(gpu.to_owned()).or_default())
     }
 
     fn partition_of<'s>(
@@ -336,8 +335,7 @@ impl<C: ClaimSource> Driver<C> {
                     .await?
             }
         };
-        let mode = self.mig_lock(&p.gpu);
-        let _mode = mode.lock().await;
+        let _mode = self.mig_locks.lock(&p.gpu).await;
         let kept = held.get(&p.gpu);
         for gi in instances {
             if p.gpu_instance.is_none() && kept.is_some_and(|k| k.contains(&gi)) {
@@ -370,6 +368,7 @@ impl<C: ClaimSource> Driver<C> {
         &self,
         claim: &ClaimRef,
     ) -> Result<Staged<()>, ClaimFailure> {
+        let _claim = self.claim_locks.lock(&claim.uid).await;
         let (known, version) = self.ledger.read(|cp| cp.claims.contains_key(&claim.uid));
         // The GPUs whose interval changes when this claim goes, set before it is forgotten so
         // that a failure leaves the claim for the kubelet's retry.
